@@ -1,0 +1,103 @@
+"""docker-compose.yml: validated by Debian's docker-compose (`config` needs no engine; it rejects
+unknown keys and bad interpolation), then checked for the services, health checks, ports and
+mounts a user needs, and for commands that the project's own CLIs accept."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKER_COMPOSE = shutil.which("docker-compose")
+
+pytestmark = pytest.mark.skipif(
+    DOCKER_COMPOSE is None,
+    reason="docker-compose binary not found (Debian: apt-get install docker-compose; .ci/run "
+           "installs it): docker-compose.yml is not validated")
+
+
+def compose_config(**env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    return subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE), "config"], cwd=ROOT,
+                          env={**clean, **env}, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def services() -> dict:
+    result = compose_config(TANDEM_API_KEY="test-key")
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)["services"]
+
+
+def test_compose_file_is_valid_and_has_every_service(services):
+    assert {"cloud", "channel", "edge", "loadgen"} <= set(services)
+    for name in ("cloud", "channel", "edge"):
+        check = services[name]["healthcheck"]
+        assert check["test"][0] == "CMD" and check["interval"] and check["retries"] >= 1, name
+    # The load generator runs once, on request, and is not restarted.
+    loadgen = services["loadgen"]
+    assert loadgen.get("profiles") == ["loadgen"] and loadgen.get("restart") == "no"
+
+
+def test_services_are_wired_cloud_channel_edge(services):
+    cloud, channel, edge = services["cloud"], services["channel"], services["edge"]
+    assert cloud["command"][:2] == ["tandem-cloud", "serve"] and "0.0.0.0" in cloud["command"]
+    assert cloud["environment"]["TANDEM_CLOUD_API_KEYS"] == "test-key"
+    assert edge["environment"]["TANDEM_API_KEY"] == "test-key"
+    assert channel["command"][channel["command"].index("--upstream") + 1] == "cloud:50051"
+    assert edge["command"][edge["command"].index("--cloud") + 1] == "channel:50052"
+    assert channel["depends_on"]["cloud"]["condition"] == "service_healthy"
+    assert edge["depends_on"]["channel"]["condition"] == "service_healthy"
+    assert any(str(p.get("published")) == "8080" and p["target"] == 8080 for p in _ports(edge))
+    for service in (cloud, channel, edge, services["loadgen"]):
+        mounts = {v["target"]: v for v in service["volumes"]}
+        assert mounts["/app/models"]["read_only"] and mounts["/app/configs"]["read_only"]
+        assert service["build"]["dockerfile"] == "docker/Dockerfile"
+    assert (ROOT / services["cloud"]["build"]["dockerfile"]).is_file()
+
+
+def test_the_channel_profile_is_chosen_by_name(services):
+    from bench.channel import load_profile
+
+    def profile_of(channel: dict) -> str:
+        return load_profile(ROOT / channel["command"][channel["command"].index("--profile") + 1]).name
+
+    assert profile_of(services["channel"]) == "lte"  # the default
+    result = compose_config(TANDEM_API_KEY="k", TANDEM_CHANNEL="flaky")
+    assert result.returncode == 0, result.stderr
+    assert profile_of(yaml.safe_load(result.stdout)["services"]["channel"]) == "flaky"
+
+
+def test_the_api_key_is_required():
+    result = compose_config()
+    assert result.returncode != 0 and "TANDEM_API_KEY" in result.stderr
+
+
+def test_commands_are_accepted_by_the_project_clis(services):
+    from bench.channel.__main__ import build_parser as channel_parser
+    from bench.cli import build_parser as tandem_parser
+
+    channel = services["channel"]["command"]
+    assert channel[:3] == ["python", "-m", "bench.channel"]
+    args = channel_parser().parse_args(channel[3:])
+    assert args.listen == ("0.0.0.0", 50052) and args.upstream == ("cloud", 50051)
+    loadgen = services["loadgen"]["command"]
+    assert loadgen[0] == "tandem"
+    args = tandem_parser().parse_args(loadgen[1:])
+    assert args.command == "loadgen" and args.url == "http://edge:8080" and args.requests == 20
+
+
+def _ports(service: dict) -> list[dict]:
+    """Port mappings in long form; docker-compose prints short ones as "HOST_IP:PUBLISHED:TARGET/tcp"."""
+    long_form = []
+    for port in service.get("ports", []):
+        if isinstance(port, str):
+            published, target = port.split("/")[0].split(":")[-2:]
+            port = {"published": published, "target": int(target)}
+        long_form.append(port)
+    return long_form
