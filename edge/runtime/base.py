@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from edge.runtime.errors import ContextFull
+
 
 @dataclass
 class RuntimeSpeed:
@@ -32,12 +34,22 @@ class RuntimeSpeed:
     def decode_s_per_token(self) -> float:
         return self.decode_s / self.decode_tokens if self.decode_tokens else 0.0
 
+    def record(self, n_tokens: int, seconds: float) -> None:
+        """Count one extend: more than one token is a prefill (one batched pass), one is a decode step."""
+        if n_tokens > 1:
+            self.prefill_tokens += n_tokens
+            self.prefill_s += seconds
+        else:
+            self.decode_tokens += n_tokens
+            self.decode_s += seconds
+
 
 class DraftRuntime(ABC):
     """One draft model with one KV cache."""
 
     name: str          # backend name: "llama.cpp", "onnxruntime", "torch"
     vocab_size: int
+    n_ctx: int         # most tokens the KV cache holds
 
     def __init__(self) -> None:
         self.speed = RuntimeSpeed()
@@ -59,6 +71,21 @@ class DraftRuntime(ABC):
     @abstractmethod
     def fingerprint(self) -> str:
         """Tokenizer fingerprint (tandem.fingerprint) of the vocabulary this model reads."""
+
+    def _check_extend(self, token_ids: Sequence[int]) -> None:
+        """Shared argument checks of extend(), so every backend fails the same way."""
+        if len(token_ids) == 0:
+            raise ValueError("extend() needs at least one token")
+        if self.position + len(token_ids) > self.n_ctx:
+            raise ContextFull(f"{self.name}: {self.position} cached + {len(token_ids)} new tokens "
+                              f"exceed n_ctx={self.n_ctx}")
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{self.name}: token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+
+    def _check_rollback(self, position: int) -> None:
+        if not 0 <= position <= self.position:
+            raise ValueError(f"{self.name}: rollback to {position} but the cache holds {self.position} tokens")
 
     def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Reset the cache to exactly token_ids; return logits [vocab] after the last one."""
