@@ -1,0 +1,142 @@
+"""Groups the forward passes that many sessions ask for at about the same time into one.
+
+Each session thread submits (kv_state, new_tokens) and waits on a future; one worker thread
+takes the first waiting job, gathers more for up to `window_ms` (or until every active session
+has a job in, or `max_batch` is reached), and runs them as a single batched forward pass. Long
+jobs (prefills) run alone so that a 1000-token prompt never pads a batch of 9-token rounds.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cloud.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+# forward(batch) -> logits per job; batch[i] = (kv_state, new_tokens), result[i] = [n_i, vocab]
+ForwardFn = Callable[[Sequence[tuple[Any, Sequence[int]]]], list[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class ForwardResult:
+    logits: torch.Tensor  # [len(new_tokens), vocab]
+    queue_ms: float       # from submit until the batch's pass began
+    forward_ms: float     # the batched pass
+    batch_size: int       # jobs in that pass
+
+
+@dataclass
+class _Job:
+    state: Any
+    tokens: Sequence[int]
+    alone: bool
+    future: Future = field(default_factory=Future)
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+_STOP = object()
+
+
+class Batcher:
+    """A worker thread that runs `forward` on batches of jobs; submit() is thread-safe."""
+
+    def __init__(self, forward: ForwardFn, *, max_batch: int, window_ms: float,
+                 active_sessions: Callable[[], int] | None = None) -> None:
+        assert max_batch >= 1 and window_ms >= 0
+        self._forward = forward
+        self.max_batch = max_batch
+        self.window_s = window_ms / 1000.0
+        # Sessions that might still join a batch: once that many jobs are in, waiting longer
+        # cannot help, so a lone session never pays the gather window.
+        self._active_sessions = active_sessions or (lambda: max_batch)
+        self._queue: queue.Queue = queue.Queue()
+        self._closed = threading.Event()
+        self.batches_run = 0
+        self.largest_batch = 0
+        self._worker = threading.Thread(target=self._run, name="tandem-batcher", daemon=True)
+        self._worker.start()
+
+    def submit(self, state: Any, tokens: Sequence[int], *, alone: bool = False) -> Future:
+        """Queue one forward job; the future resolves to a ForwardResult (or its exception)."""
+        if self._closed.is_set():
+            raise Unavailable("the verifier is shutting down")
+        job = _Job(state, tokens, alone)
+        self._queue.put(job)
+        return job.future
+
+    def close(self, timeout: float | None = None) -> None:
+        """Run what is already queued, then stop the worker."""
+        if not self._closed.is_set():
+            self._closed.set()
+            self._queue.put(_STOP)
+        self._worker.join(timeout)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            job = self._queue.get()
+            if job is _STOP:
+                stopping = True
+                self._drain()
+                break
+            if job.alone:
+                self._execute([job])
+                continue
+            batch, held, stopping = self._gather(job)
+            self._execute(batch)
+            for other in held:
+                self._execute([other])
+            if stopping:
+                self._drain()
+
+    def _gather(self, first: _Job) -> tuple[list[_Job], list[_Job], bool]:
+        batch, held = [first], []
+        deadline = time.perf_counter() + self.window_s
+        while len(batch) < self.max_batch:
+            remaining = deadline - time.perf_counter()
+            wanted = len(batch) < self._active_sessions()
+            try:
+                # "As many as are waiting" always; wait out the window only while it can help.
+                job = self._queue.get(timeout=remaining) if wanted and remaining > 0 \
+                    else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is _STOP:
+                return batch, held, True
+            (held if job.alone else batch).append(job)
+        return batch, held, False
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not _STOP:
+                self._execute([job])
+
+    def _execute(self, batch: list[_Job]) -> None:
+        started = time.perf_counter()
+        try:
+            outputs = self._forward([(job.state, job.tokens) for job in batch])
+        except Exception as exc:  # noqa: BLE001 - every waiting session must hear about it
+            log.exception("batched forward of %d jobs failed", len(batch))
+            for job in batch:
+                job.future.set_exception(exc)
+            return
+        forward_ms = (time.perf_counter() - started) * 1000.0
+        self.batches_run += 1
+        self.largest_batch = max(self.largest_batch, len(batch))
+        for job, logits in zip(batch, outputs):
+            job.future.set_result(ForwardResult(
+                logits=logits, queue_ms=(started - job.submitted) * 1000.0,
+                forward_ms=forward_ms, batch_size=len(batch)))

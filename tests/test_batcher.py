@@ -1,0 +1,84 @@
+"""The batcher, driven directly with the real target runtime: concurrent jobs share one forward
+pass and get what they would alone, prefills run alone, failures reach every waiting job, and
+a closed batcher refuses new work."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from cloud.batcher import Batcher
+from cloud.errors import Unavailable
+from cloud.runtime.target import TargetRuntime
+
+
+@pytest.fixture(scope="module")
+def runtime(target_dir) -> TargetRuntime:
+    torch.set_num_threads(1)
+    return TargetRuntime(target_dir, device="cpu")
+
+
+def _prefilled(runtime: TargetRuntime, tokens: list[int]):
+    state = runtime.new_state()
+    runtime.score(state, tokens)
+    return state
+
+
+def test_concurrent_jobs_share_a_pass_and_equal_each_alone(runtime):
+    contexts = [list(range(10 + i, 10 + i + 3 * (i + 1))) for i in range(6)]
+    blocks = [[100 + i] * (1 + i % 3) for i in range(6)]
+    alone = [runtime.score(_prefilled(runtime, c), b) for c, b in zip(contexts, blocks)]
+
+    states = [_prefilled(runtime, c) for c in contexts]
+    batcher = Batcher(runtime.forward, max_batch=8, window_ms=200, active_sessions=lambda: 6)
+    results, start = [None] * 6, threading.Barrier(6)
+
+    def session(i: int) -> None:
+        start.wait()
+        results[i] = batcher.submit(states[i], blocks[i]).result(timeout=30)
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    batcher.close()
+
+    assert max(r.batch_size for r in results) > 1
+    assert batcher.batches_run < 6
+    for one, result, block in zip(alone, results, blocks):
+        assert result.logits.shape == (len(block), runtime.vocab_size)
+        assert torch.equal(one.argmax(-1), result.logits.argmax(-1))
+        assert (one - result.logits).abs().max() < 1e-4
+        assert result.queue_ms >= 0 and result.forward_ms > 0
+
+
+def test_a_lone_session_does_not_wait_for_the_window(runtime):
+    batcher = Batcher(runtime.forward, max_batch=8, window_ms=5000, active_sessions=lambda: 1)
+    result = batcher.submit(_prefilled(runtime, [1, 2, 3]), [4]).result(timeout=4)
+    batcher.close()
+    assert result.batch_size == 1 and result.queue_ms < 4000
+
+
+def test_prefill_jobs_run_alone(runtime):
+    batcher = Batcher(runtime.forward, max_batch=8, window_ms=100, active_sessions=lambda: 3)
+    futures = [batcher.submit(runtime.new_state(), list(range(1, 30)), alone=True),
+               batcher.submit(_prefilled(runtime, [1, 2]), [3]),
+               batcher.submit(_prefilled(runtime, [5, 6]), [7])]
+    results = [future.result(timeout=30) for future in futures]
+    batcher.close()
+    assert results[0].batch_size == 1
+    assert results[0].logits.shape[0] == 29
+
+
+def test_a_failed_pass_reaches_every_job_in_it(runtime):
+    batcher = Batcher(runtime.forward, max_batch=8, window_ms=0)
+    bad = batcher.submit(runtime.new_state(), [])  # no new tokens: the runtime refuses
+    with pytest.raises(AssertionError, match="at least one new token"):
+        bad.result(timeout=30)
+    ok = batcher.submit(_prefilled(runtime, [1]), [2]).result(timeout=30)  # the worker lives on
+    assert ok.logits.shape == (1, runtime.vocab_size)
+    batcher.close()
+    with pytest.raises(Unavailable):
+        batcher.submit(runtime.new_state(), [1])
