@@ -1,0 +1,156 @@
+"""tandem-edge: run the draft on this device against a verifier.
+
+  tandem-edge generate --cloud HOST:PORT (--prompt TEXT | --prompt-file F) --max-tokens N
+                       [--temperature T --top-k K --top-p P --seed S] [--draft-length K]
+                       [--config configs/edge.yaml] [--backend B] [--draft-model PATH]
+                       [--tokenizer-dir DIR] [--api-key KEY] [--ignore-eos] [--json]
+
+Every option left out keeps the value of the config file (edge/config.py holds the defaults).
+Human output: the completion on stdout, one stats line on stderr. --json prints one object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from edge.config import EdgeConfig, model_for_backend, resolve_path, resolve_paths
+from tandem.config import ConfigError, load_config
+
+DEFAULT_CONFIG = Path("configs/edge.yaml")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tandem-edge", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_generate(commands)
+    # `tandem-edge serve` (the local HTTP daemon, edge/daemon/command.py) registers here.
+    from edge.daemon.command import add_serve_command
+    add_serve_command(commands, _add_config_options, load_edge_config)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+def _add_generate(commands) -> None:
+    generate = commands.add_parser("generate", help="one generation against a verifier")
+    generate.set_defaults(run=_generate)
+    _add_config_options(generate)
+    prompt = generate.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="the prompt text")
+    prompt.add_argument("--prompt-file", type=Path, help="a file holding the prompt text")
+    generate.add_argument("--max-tokens", type=int, required=True, help="new tokens at most")
+    generate.add_argument("--temperature", type=float, help="0 = greedy (the default)")
+    generate.add_argument("--top-k", type=int, help="0 = off")
+    generate.add_argument("--top-p", type=float, help="1 = off")
+    generate.add_argument("--seed", type=int, help="sampling seed")
+    generate.add_argument("--draft-length", type=int, help="override client.draft_length")
+    generate.add_argument("--ignore-eos", action="store_true",
+                          help="do not stop at the tokenizer's eos")
+    generate.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
+                        help="edge YAML (relative: against the current directory, then the "
+                             "repository root)")
+    parser.add_argument("--cloud", metavar="HOST:PORT", help="override cloud.address")
+    parser.add_argument("--api-key", help="override cloud.api_key")
+    parser.add_argument("--backend", choices=("llama.cpp", "onnxruntime", "torch"),
+                        help="override draft.backend (the model file follows unless "
+                             "--draft-model is given)")
+    parser.add_argument("--draft-model", type=Path,
+                        help="override draft.model_path; the tokenizer is then read from the "
+                             "model's directory unless --tokenizer-dir is given")
+    parser.add_argument("--tokenizer-dir", type=Path, help="override draft.tokenizer_dir")
+
+
+def load_edge_config(args: argparse.Namespace) -> EdgeConfig:
+    """The config file with the command-line overrides, paths resolved."""
+    overrides = {"cloud": {"address": args.cloud, "api_key": args.api_key},
+                 "draft": {"backend": args.backend,
+                           "model_path": str(args.draft_model) if args.draft_model else None,
+                           "tokenizer_dir": str(args.tokenizer_dir) if args.tokenizer_dir
+                           else None},
+                 "client": {"draft_length": getattr(args, "draft_length", None)}}
+    path = resolve_path(args.config)
+    if args.config == DEFAULT_CONFIG and not path.exists():
+        config = EdgeConfig.model_validate(_drop_none(overrides))  # no file: schema defaults
+    else:
+        config = load_config(path, EdgeConfig, overrides)
+    if args.draft_model and not args.tokenizer_dir:
+        config = config.model_copy(update={"draft": config.draft.model_copy(
+            update={"tokenizer_dir": None})})
+    config = resolve_paths(config)
+    if args.backend and not args.draft_model:
+        config = config.model_copy(update={"draft": config.draft.model_copy(
+            update={"model_path": model_for_backend(config.draft)})})
+    return config
+
+
+def _drop_none(tree: dict) -> dict:
+    return {key: _drop_none(value) if isinstance(value, dict) else value
+            for key, value in tree.items() if value is not None}
+
+
+def _generate(args: argparse.Namespace) -> int:
+    # Imported here so that `--help` and config errors do not pay for loading torch.
+    from edge.client import ClientError, EdgeClient, GenerationRequest
+    from edge.link import call_metadata, make_channel
+    from edge.runtime import load_draft_runtime
+    from edge.runtime.errors import MissingBackend
+    from edge.tokenizer import EdgeTokenizer
+    from tandem.sampling import SamplingParams
+
+    try:
+        config = load_edge_config(args)
+        text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
+        sampling = SamplingParams(**{name: value for name, value in (
+            ("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p),
+            ("seed", args.seed)) if value is not None})
+        tokenizer = EdgeTokenizer(config.draft.resolved_tokenizer_dir)
+        draft = load_draft_runtime(config.draft)
+    except (ConfigError, FileNotFoundError, MissingBackend, ValueError) as exc:
+        print(f"tandem-edge: {exc}", file=sys.stderr)
+        return 2
+
+    prompt_ids = tokenizer.encode(text)
+    if not prompt_ids:
+        print("tandem-edge: the prompt is empty", file=sys.stderr)
+        return 2
+    channel = make_channel(config.cloud)
+    try:
+        client = EdgeClient(channel, draft, config.client, metadata=call_metadata(config.cloud))
+        result = client.generate(GenerationRequest(
+            prompt_ids=prompt_ids, max_tokens=args.max_tokens, sampling=sampling,
+            stop_ids=frozenset() if args.ignore_eos else tokenizer.stop_ids))
+    except (ClientError, ValueError) as exc:
+        print(f"tandem-edge: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        channel.close()
+        draft.close()
+
+    completion = tokenizer.decode(result.token_ids)
+    if args.json:
+        print(json.dumps({"text": completion, "prompt_tokens": len(prompt_ids),
+                          "backend": draft.name, **result.as_dict()}))
+    else:
+        print(completion)
+        print(stats_line(result), file=sys.stderr)
+    return 0
+
+
+def stats_line(result) -> str:
+    unverified = result.verified.count(False)
+    return (f"[{len(result.token_ids)} tokens ({result.finish_reason}), {result.rounds} rounds, "
+            f"τ {result.mean_accepted_length:.2f}, {result.passes_per_token:.2f} target passes/"
+            f"token, up {result.bytes_up} B, down {result.bytes_down} B, "
+            f"ttft {result.ttft_s * 1000:.0f} ms, {result.wall_s:.2f} s"
+            + (f", {unverified} unverified" if unverified else "")
+            + (f", {result.reopens} re-opens" if result.reopens else "") + "]")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Typed configuration of the edge: how to reach the verifier (`cloud`), which draft model runs
+(`draft`), how a session behaves (`client`) and the local HTTP daemon (`daemon`).
+
+configs/edge.yaml validates into `EdgeConfig`; every knob has its default, bounds and description
+here and nowhere else (the CLI only overrides fields of these classes).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from edge.runtime.config import DraftConfig
+from tandem.codec import DEFAULT_MAX_ENTRIES, DEFAULT_SCALE
+from tandem.config import Settings
+
+DEFAULT_API_KEY_HEADER = "x-api-key"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class CloudLinkConfig(Settings):
+    """Where the verifier is and how to authenticate to it."""
+    address: str = Field("127.0.0.1:50051", min_length=1, description="verifier HOST:PORT")
+    tls: bool = Field(False, description="use TLS (grpc.secure_channel) instead of plaintext")
+    tls_root_cert: Path | None = Field(
+        None, description="PEM file of the CA that signed the server's certificate; "
+                          "None = the system roots (only with tls)")
+    tls_server_name: str = Field(
+        "", description="override of the name checked against the server's certificate "
+                        "(grpc.ssl_target_name_override); empty = the host of `address`")
+    api_key: str = Field("", description="API key sent in the request metadata; empty = read "
+                                         "`api_key_env`, and send none if that is unset too")
+    api_key_env: str = Field("TANDEM_API_KEY", description="environment variable with the key")
+    api_key_header: str = Field(DEFAULT_API_KEY_HEADER, pattern=r"^[a-z0-9-]+$",
+                                description="metadata key that carries the API key")
+    reconnect_backoff_s: float = Field(
+        0.1, gt=0, le=60, description="grpc channel's first reconnect backoff after a lost link")
+    max_reconnect_backoff_s: float = Field(
+        1.0, gt=0, le=300, description="grpc channel's longest reconnect backoff; kept short so a "
+                                       "returning server is seen within about this long")
+
+    @model_validator(mode="after")
+    def _backoffs_ordered(self) -> "CloudLinkConfig":
+        if self.max_reconnect_backoff_s < self.reconnect_backoff_s:
+            raise ValueError("max_reconnect_backoff_s must be >= reconnect_backoff_s")
+        return self
+
+
+class ClientConfig(Settings):
+    """How one generation session drafts, waits, retries and falls back to local decoding."""
+    draft_length: int = Field(4, ge=0, le=64, description="draft tokens per round (fixed k); "
+                                                          "capped by the server's limit")
+    target_model: str = Field("", description="target model to ask for; empty = server default")
+    max_q_entries: int = Field(DEFAULT_MAX_ENTRIES, ge=1, le=1024,
+                               description="most ids in one sparse draft distribution q "
+                                           "(sampling); capped by the server's limit")
+    q_scale: int = Field(DEFAULT_SCALE, ge=1, le=2**31 - 1,
+                         description="integer weight of q's most likely id; the others are "
+                                     "rounded relative to it")
+    open_timeout_s: float = Field(30.0, gt=0, le=600,
+                                  description="wait for Opened (includes the server's prefill)")
+    round_timeout_s: float = Field(10.0, gt=0, le=600,
+                                   description="wait for one Verdict before the link counts as "
+                                               "broken")
+    max_retries: int = Field(6, ge=0, le=100,
+                             description="reconnect attempts after a broken link before "
+                                         "generating locally")
+    retry_initial_backoff_s: float = Field(0.1, ge=0, le=60,
+                                           description="sleep before the second attempt")
+    retry_max_backoff_s: float = Field(2.0, ge=0, le=300, description="longest sleep between "
+                                                                      "attempts")
+    retry_multiplier: float = Field(2.0, ge=1, le=10, description="backoff growth per attempt")
+    retry_jitter: float = Field(0.2, ge=0, le=1,
+                                description="each sleep is scaled by 1 + uniform(-j, j), so "
+                                            "many edges do not retry in lockstep")
+    offline_after_s: float = Field(5.0, ge=0, le=3600,
+                                   description="deadline for reconnecting; past it the edge "
+                                               "generates locally (tokens unverified)")
+    offline_enabled: bool = Field(True, description="generate locally when the cloud stays "
+                                                    "unreachable; False = raise instead")
+    offline_probe_tokens: int = Field(16, ge=1, le=4096,
+                                      description="while offline, try to re-open every this "
+                                                  "many locally generated tokens")
+    max_evictions_per_round: int = Field(8, ge=1, le=1000,
+                                         description="re-opens after Evicted for one round "
+                                                     "before the link counts as broken")
+
+    @model_validator(mode="after")
+    def _backoffs_ordered(self) -> "ClientConfig":
+        if self.retry_max_backoff_s < self.retry_initial_backoff_s:
+            raise ValueError("retry_max_backoff_s must be >= retry_initial_backoff_s")
+        return self
+
+
+class DaemonConfig(Settings):
+    """The local HTTP daemon (`tandem-edge serve`, edge/daemon/)."""
+    host: str = Field("127.0.0.1", description="bind address of the local HTTP API")
+    port: int = Field(8080, ge=0, le=65535, description="HTTP port; 0 = any free port")
+    model_name: str = Field("tandem-draft", min_length=1,
+                            description="model id the API advertises (GET /v1/models) and accepts")
+    default_max_tokens: int = Field(64, ge=1, le=65536,
+                                    description="tokens to generate when a request gives no max_tokens")
+    max_tokens_limit: int = Field(512, ge=1, le=65536,
+                                  description="largest max_tokens a request may ask for")
+    max_prompt_tokens: int = Field(768, ge=1, le=131072,
+                                   description="longest prompt (in tokens) a request may send; "
+                                               "prompt + max_tokens must also fit the draft's n_ctx")
+    pool_size: int = Field(4, ge=1, le=256,
+                           description="draft runtimes kept loaded = generations served at once "
+                                       "(one session each)")
+    max_waiting: int = Field(64, ge=0, le=100_000,
+                             description="requests that may wait for a free runtime; beyond it "
+                                         "the API answers 503 overloaded")
+    request_timeout_s: float = Field(300.0, gt=0, le=86_400,
+                                     description="a generation running longer is stopped (504)")
+    log_level: str = Field("warning", pattern=r"^(critical|error|warning|info|debug|trace)$",
+                           description="uvicorn log level")
+
+    @model_validator(mode="after")
+    def _default_within_limit(self) -> "DaemonConfig":
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError("default_max_tokens must be <= max_tokens_limit")
+        return self
+
+
+class EdgeConfig(Settings):
+    """configs/edge.yaml."""
+    cloud: CloudLinkConfig = Field(default_factory=CloudLinkConfig)
+    draft: DraftConfig = Field(default_factory=DraftConfig)
+    client: ClientConfig = Field(default_factory=ClientConfig)
+    daemon: DaemonConfig = Field(default_factory=DaemonConfig)
+
+
+def resolve_path(path: Path) -> Path:
+    """A relative path as given when it exists from the current directory, else against the
+    repository root (so configs/edge.yaml works from anywhere)."""
+    if path.is_absolute() or path.exists():
+        return path
+    return REPO_ROOT / path
+
+
+def resolve_paths(config: EdgeConfig) -> EdgeConfig:
+    """The same config with the draft's and the certificate's paths resolved."""
+    draft = config.draft.model_copy(update={
+        "model_path": resolve_path(config.draft.model_path),
+        "tokenizer_dir": resolve_path(config.draft.tokenizer_dir)
+        if config.draft.tokenizer_dir is not None else None})
+    cloud = config.cloud
+    if cloud.tls_root_cert is not None:
+        cloud = cloud.model_copy(update={"tls_root_cert": resolve_path(cloud.tls_root_cert)})
+    return config.model_copy(update={"draft": draft, "cloud": cloud})
+
+
+_MODEL_FILES = {"llama.cpp": "*.gguf", "onnxruntime": "*.onnx"}
+
+
+def model_for_backend(draft: DraftConfig) -> Path:
+    """The model that `draft.backend` reads from the draft's directory: the HF directory itself
+    for torch, else its one .gguf / .onnx file (an f32 GGUF preferred)."""
+    directory = draft.resolved_tokenizer_dir
+    if draft.backend == "torch":
+        return directory
+    found = sorted(directory.glob(_MODEL_FILES[draft.backend]),
+                   key=lambda p: (not p.stem.endswith("-f32"), p.name))
+    if not found:
+        raise FileNotFoundError(f"no {_MODEL_FILES[draft.backend]} file for backend "
+                                f"{draft.backend!r} in {directory}")
+    return found[0]

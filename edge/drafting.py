@@ -1,0 +1,113 @@
+"""Drafting a block: the draft runtime's KV cache kept in step with the session's context, and
+the choice of each draft token (greedy argmax, or a sample from the sparse quantized q).
+
+The cache holds a prefix of what the runtime was fed; `DraftCursor.sync` rolls it back to the
+longest prefix it shares with the new context and feeds the rest, so one method serves the
+round's rollback (to the accepted prefix), re-opens and local decoding alike.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from edge.runtime.base import DraftRuntime
+from tandem.codec import SparseDist, quantize
+from tandem.sampling import SamplingParams, warp
+
+
+@dataclass
+class Block:
+    """The k draft tokens of one round and, when sampling, the q each was drawn from."""
+    tokens: list[int] = field(default_factory=list)
+    q: list[SparseDist] = field(default_factory=list)  # len(tokens) entries, or [] for greedy
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def draft_seed(seed: int) -> int:
+    """The edge's RNG seed for a session seed.
+
+    The verifier seeds its acceptance test from the same session seed; if the draft drew its
+    tokens from an identical stream, the draft token and the acceptance uniform would be
+    dependent and the output biased. Hashing the seed gives the edge its own stream.
+    """
+    digest = hashlib.sha256(f"tandem-draft:{seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+class TokenChooser:
+    """Picks a draft token from the draft's logits: greedy argmax, or a sample from exactly the
+    quantized distribution q that is sent to the verifier (so acceptance uses the true q)."""
+
+    def __init__(self, params: SamplingParams, q_scale: int) -> None:
+        self.params = params
+        self.q_scale = q_scale
+        self.generator = torch.Generator().manual_seed(draft_seed(params.seed))
+
+    def choose(self, logits: torch.Tensor, max_entries: int) -> tuple[int, SparseDist | None]:
+        """logits: [vocab] -> (token id, q or None when greedy)."""
+        assert logits.dim() == 1, f"expected [vocab] logits, got {tuple(logits.shape)}"
+        if self.params.greedy:
+            return int(logits.argmax()), None
+        q = quantize(warp(logits, self.params), max_entries=max_entries, scale=self.q_scale)
+        return q.sample(self.generator), q
+
+
+class DraftCursor:
+    """A DraftRuntime plus the tokens its cache holds and the logits after the last of them."""
+
+    def __init__(self, runtime: DraftRuntime) -> None:
+        self.runtime = runtime
+        self.tokens: list[int] = []            # what the runtime's KV cache holds, in order
+        self.next_logits: torch.Tensor | None = None  # [vocab] after tokens[-1]
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Make the cache hold exactly `context` (non-empty) and `next_logits` follow its end."""
+        if not context:
+            raise ValueError("the context must hold at least one token")
+        if self.runtime.position != len(self.tokens):
+            # Someone else fed or rolled back the runtime: its cache content is unknown.
+            self.tokens = []
+            self.runtime.rollback(0)
+        common = _common_prefix(self.tokens, context)
+        if common == len(context) == len(self.tokens):
+            return
+        # The logits after context[-1] come from feeding it, so at least that token is re-fed.
+        keep = min(common, len(context) - 1)
+        self.runtime.rollback(keep)
+        logits = self.runtime.extend(list(context[keep:]))  # [len(context) - keep, vocab]
+        assert logits.dim() == 2 and logits.shape[0] == len(context) - keep, tuple(logits.shape)
+        self.tokens = list(context)
+        self.next_logits = logits[-1]
+
+    def draft(self, context: Sequence[int], k: int, chooser: TokenChooser, *, vocab_size: int,
+              max_entries: int, stop_ids: frozenset[int] = frozenset()) -> Block:
+        """Draft up to k tokens after `context`; the block ends early at a stop id.
+
+        Only ids below vocab_size are drafted (a draft with a padded vocabulary must not propose
+        ids the target does not have). Feeds k - 1 tokens: the last one needs no logits.
+        """
+        self.sync(context)
+        block = Block()
+        for i in range(k):
+            token, q = chooser.choose(self.next_logits[:vocab_size], max_entries)
+            block.tokens.append(token)
+            if q is not None:
+                block.q.append(q)
+            if token in stop_ids or i == k - 1:
+                break
+            self.next_logits = self.runtime.extend([token])[-1]
+            self.tokens.append(token)
+        return block
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
