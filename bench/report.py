@@ -1,0 +1,156 @@
+"""Summaries of workload runs: the per-profile table, the JSON file and the PNG plots.
+
+Metric conventions (shared/ANCHORS.md): tokens/s is the mean of per-request tokens/s (completion
+tokens / request wall time, client side); TTFT is request sent -> first text chunk; mean
+accepted length tau = 1 + accepted / rounds over all rounds of the run; target passes per token
+and bytes (up + down, protobuf payloads) per token are totals over all emitted tokens; verified
+share = tokens the target checked / all emitted tokens.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.workload import RequestRecord
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    name: str
+    requests: int
+    errors: int
+    tokens: int
+    wall_s: float                  # the whole run, first request sent -> last answered
+    tokens_per_s: float            # mean over requests
+    throughput_tok_s: float        # all tokens / wall_s
+    ttft_ms: float | None          # mean over requests
+    mean_accepted_length: float    # tau
+    target_passes_per_token: float
+    bytes_per_token: float
+    verified_share: float
+    reopens: int
+
+
+def summarize(name: str, records: Sequence[RequestRecord], wall_s: float) -> RunSummary:
+    ok = [r for r in records if r.ok]
+    stats = [r.tandem for r in ok if r.tandem]
+    tokens = sum(r.completion_tokens for r in ok)
+    rounds = sum(s["rounds"] for s in stats)
+    accepted = sum(sum(s["accepted_lengths"]) for s in stats)
+    verified = sum(s["verified_tokens"] for s in stats)
+    emitted = verified + sum(s["unverified_tokens"] for s in stats)
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    return RunSummary(
+        name=name, requests=len(records), errors=len(records) - len(ok), tokens=tokens, wall_s=wall_s,
+        tokens_per_s=statistics.fmean(r.tokens_per_s for r in ok) if ok else 0.0,
+        throughput_tok_s=tokens / wall_s if wall_s > 0 else 0.0,
+        ttft_ms=statistics.fmean(ttfts) * 1000.0 if ttfts else None,
+        mean_accepted_length=1.0 + accepted / rounds if rounds else 1.0,
+        target_passes_per_token=sum(s["target_passes"] for s in stats) / tokens if tokens else 0.0,
+        bytes_per_token=sum(s["bytes_up"] + s["bytes_down"] for s in stats) / tokens if tokens else 0.0,
+        verified_share=verified / emitted if emitted else 0.0,
+        reopens=sum(s["reopens"] for s in stats))
+
+
+COLUMNS = [  # header, RunSummary field, format
+    ("profile", "name", "{}"),
+    ("tok/s", "tokens_per_s", "{:.1f}"),
+    ("TTFT ms", "ttft_ms", "{:.0f}"),
+    ("tau", "mean_accepted_length", "{:.2f}"),
+    ("passes/tok", "target_passes_per_token", "{:.3f}"),
+    ("bytes/tok", "bytes_per_token", "{:.1f}"),
+    ("verified", "verified_share", "{:.1%}"),
+    ("req", "requests", "{}"),
+    ("errors", "errors", "{}"),
+    ("reopens", "reopens", "{}"),
+]
+
+
+def format_table(summaries: Sequence[RunSummary]) -> str:
+    rows = [[header for header, _, _ in COLUMNS]]
+    for summary in summaries:
+        row = []
+        for _, name, fmt in COLUMNS:
+            value = getattr(summary, name)
+            row.append("-" if value is None else fmt.format(value))
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_json(path: Path, summaries: Sequence[RunSummary], records: dict[str, Sequence[RequestRecord]],
+               extra: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {**extra,
+               "summaries": {s.name: asdict(s) for s in summaries},
+               "requests": {name: [_record_dict(r) for r in rs] for name, rs in records.items()}}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def _record_dict(record: RequestRecord) -> dict:
+    out = asdict(record)
+    out["tokens_per_s"] = record.tokens_per_s
+    return out
+
+
+def session_trace(records: Sequence[RequestRecord]) -> list[dict]:
+    """The per-round trace of the request with the most rounds (the most informative session)."""
+    traced = [r for r in records if r.ok and r.tandem.get("trace")]
+    if not traced:
+        return []
+    return max(traced, key=lambda r: len(r.tandem["trace"])).tandem["trace"]
+
+
+def write_plots(out_dir: Path, summaries: Sequence[RunSummary], trace: list[dict],
+                trace_name: str) -> list[Path]:
+    """tokens_per_s.png (bar per profile) and session_trace.png (draft length and RTT per round
+    of one session over time)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = [s.name for s in summaries]
+    bars = ax.bar(names, [s.tokens_per_s for s in summaries], color="#3a7dc9")
+    for bar, summary in zip(bars, summaries):
+        ax.annotate(f"{summary.tokens_per_s:.1f}\n{summary.verified_share:.0%} verified",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("tokens/s per request (mean)")
+    ax.set_title("Tandem: generation speed per channel profile")
+    ax.margins(y=0.25)
+    fig.tight_layout()
+    path = out_dir / "tokens_per_s.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    fig, (ax_k, ax_rtt) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    t = [r["t_s"] for r in trace]
+    ax_k.step(t, [r["draft_length"] for r in trace], where="post", label="draft length k")
+    ax_k.plot(t, [r["accepted"] for r in trace], "o", ms=3, label="accepted n")
+    ax_k.set_ylabel("tokens")
+    ax_k.legend(loc="upper right", fontsize=8)
+    ax_k.set_title(f"one session over the {trace_name} profile ({len(trace)} rounds)")
+    ax_rtt.plot(t, [r["rtt_ms"] for r in trace], ".-", label="round trip")
+    server = [r.get("server_ms") for r in trace]
+    if any(v is not None for v in server):
+        ax_rtt.plot(t, [v if v is not None else float("nan") for v in server], ".", label="of it: verifier")
+    ax_rtt.set_ylabel("ms")
+    ax_rtt.set_xlabel("seconds since the generation started")
+    ax_rtt.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "session_trace.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    return written

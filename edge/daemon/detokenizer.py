@@ -1,0 +1,50 @@
+"""Incremental detokenization: token ids arrive a few at a time, text leaves as soon as it is
+whole.
+
+The shipped tokenizer is byte-level BPE, so one character (e.g. "é", "中") can be split across
+tokens. Decoding a prefix that ends inside a character yields U+FFFD at the end; we hold such
+text back until the character completes. Decoding restarts from a recent offset, not from the
+start, so the cost per step stays small (the same scheme as vLLM's `detokenize_incrementally`).
+
+Invariant (tested): the concatenation of every `push` result and `flush()` equals
+`decode(all_ids)`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+_REPLACEMENT = "\ufffd"
+
+Decode = Callable[[list[int]], str]
+
+
+class IncrementalDetokenizer:
+    """`decode` turns a list of ids into text (e.g. edge.tokenizer.EdgeTokenizer.decode)."""
+
+    def __init__(self, decode: Decode) -> None:
+        self._decode_fn = decode
+        self._ids: list[int] = []
+        self._prefix_offset = 0  # decoding starts here (already-emitted context for merging)
+        self._read_offset = 0    # text of ids before this point has been emitted
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._decode_fn(list(ids))
+
+    def push(self, ids: Sequence[int]) -> str:
+        """Add ids; return the text that became complete (possibly "")."""
+        self._ids.extend(int(i) for i in ids)
+        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset:])
+        if len(new_text) > len(prefix_text) and not new_text.endswith(_REPLACEMENT):
+            delta = new_text[len(prefix_text):]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """The text still held back (e.g. a truly invalid byte sequence at the very end)."""
+        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset:])
+        self._prefix_offset = self._read_offset = len(self._ids)
+        return new_text[len(prefix_text):]

@@ -1,0 +1,396 @@
+"""The daemon's engine: turns API requests into generations with the session client.
+
+It owns what the daemon keeps loaded: a pool of session clients (one draft runtime each; pool
+size = generations served at once) and one gRPC channel to the verifier that they share. Each
+generation runs in a worker thread (one session each), so many requests run concurrently;
+requests beyond the pool wait, and beyond `max_waiting` are refused (503).
+
+Text <-> ids uses the HF `tokenizers` library only (edge.tokenizer.EdgeTokenizer). Streaming:
+the client's on_tokens callback feeds an incremental detokenizer and the stop-string matcher,
+and complete text deltas go to the HTTP side as they form.
+
+Chat template. The shipped model is a code LM without chat training, so the template is
+deliberately plain and documented: the messages' contents in order, joined by one newline;
+roles are not rendered. A model with a chat template would plug its own `chat_prompt` in here.
+An empty prompt starts a new document: the end-of-text token the model saw between files.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Literal
+
+import grpc
+
+from edge.client import (CloudUnavailable, EdgeClient, GenerationRequest, GenerationResult,
+                         ProtocolError, VerifierRefused)
+from edge.config import ClientConfig, DaemonConfig
+from edge.daemon.detokenizer import IncrementalDetokenizer
+from edge.daemon.errors import (ApiError, ContextLengthExceeded, GenerationFailed,
+                                GenerationTimeout, InvalidRequest, ModelNotFound, Overloaded,
+                                VerifierError, VerifierUnavailable)
+from edge.daemon.metrics import DaemonMetrics
+from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, CompletionRequest,
+                                       ModelCard, ModelList, RoundTrace, TandemStats)
+from edge.daemon.stop import StopMatcher
+from edge.daemon.wire_trace import WireLog, WireTracer
+from edge.runtime.base import DraftRuntime
+from edge.tokenizer import EdgeTokenizer
+from tandem.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length"]
+OnText = Callable[[str], None]
+
+CHAT_SEPARATOR = "\n"
+
+
+def chat_prompt(messages: Sequence[ChatMessageIn]) -> str:
+    """The documented chat template of the shipped code model (see the module docstring)."""
+    return CHAT_SEPARATOR.join(message.text for message in messages)
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    """One validated generation: everything the worker needs, nothing HTTP."""
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams
+    stop_strings: tuple[str, ...] = ()
+    draft_length: int | None = None   # None = the client config's
+    trace: bool = False               # return the per-round trace in the stats
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    stats: TandemStats
+
+
+class _Halt(Exception):
+    """Raised from on_tokens to end a generation early (stop string, client gone, deadline);
+    the session client's own cleanup closes the stream on the way out."""
+
+    def __init__(self, why: Literal["stop", "cancelled", "timeout"]) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+@dataclass
+class _Emitted:
+    """What on_tokens has seen of one generation."""
+    t0: float
+    token_ids: list[int] = field(default_factory=list)
+    verified: list[bool] = field(default_factory=list)
+    first_token_s: float | None = None
+    text: list[str] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, *, config: DaemonConfig, client_config: ClientConfig, channel: grpc.Channel,
+                 runtimes: Sequence[DraftRuntime], tokenizer: EdgeTokenizer, metrics: DaemonMetrics,
+                 context_limit: int, metadata: Sequence[tuple[str, str]] = ()) -> None:
+        """`runtimes`: config.pool_size loaded DraftRuntimes (the engine closes them);
+        `context_limit`: most tokens prompt + output may hold (the draft's n_ctx)."""
+        assert len(runtimes) == config.pool_size, (len(runtimes), config.pool_size)
+        self.config = config
+        self.metrics = metrics
+        self.tokenizer = tokenizer
+        self.context_limit = context_limit
+        self.backend = runtimes[0].name
+        self._raw_channel = channel
+        self._tracer = WireTracer()
+        channel = self._tracer.wrap(channel)
+        # One client per runtime: a client's draft cursor knows what its runtime's KV cache
+        # holds, so a pooled client also reuses a shared prompt prefix across requests.
+        self._clients = [EdgeClient(channel, runtime, client_config, metadata=metadata)
+                         for runtime in runtimes]
+        self._idle: list[EdgeClient] = list(self._clients)
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=config.pool_size,
+                                            thread_name_prefix="tandem-generation")
+        self._halts: set[threading.Event] = set()
+        self.inflight = 0
+        self.peak_inflight = 0
+        self.waiting = 0
+        self.link_state = "up"
+        self.created = int(time.time())
+        self._closed = False
+
+    # ---- request -> job (validation; raises ApiError subclasses) --------------------------
+
+    def models(self) -> ModelList:
+        return ModelList(data=[self.model_card()])
+
+    def model_card(self) -> ModelCard:
+        return ModelCard(id=self.config.model_name, created=self.created)
+
+    def check_model(self, model: str) -> None:
+        if model != self.config.model_name:
+            raise ModelNotFound(model)
+
+    def completion_job(self, req: CompletionRequest) -> tuple[GenerationJob, str]:
+        """The job and the prompt text (for `echo`)."""
+        self.check_model(req.model)
+        if isinstance(req.prompt, str):
+            ids, text = self.tokenizer.encode(req.prompt), req.prompt
+        else:
+            ids = [int(t) for t in req.prompt]
+            bad = [t for t in ids if not 0 <= t < self.tokenizer.vocab_size]
+            if bad:
+                raise InvalidRequest(f"token id {bad[0]} outside the vocabulary "
+                                     f"[0, {self.tokenizer.vocab_size})", param="prompt")
+            text = self.tokenizer.decode(ids)
+        return self._job(req, ids, prompt_param="prompt"), text
+
+    def chat_job(self, req: ChatCompletionRequest) -> GenerationJob:
+        self.check_model(req.model)
+        return self._job(req, self.tokenizer.encode(chat_prompt(req.messages)), prompt_param="messages")
+
+    def _job(self, req: CompletionRequest | ChatCompletionRequest, ids: list[int],
+             prompt_param: str) -> GenerationJob:
+        cfg = self.config
+        if not ids:
+            if self.tokenizer.eos_id is None:
+                raise InvalidRequest("the prompt must not be empty", param=prompt_param)
+            ids = [self.tokenizer.eos_id]
+        max_tokens = cfg.default_max_tokens if req.max_tokens is None else req.max_tokens
+        if max_tokens > cfg.max_tokens_limit:
+            raise InvalidRequest(f"max_tokens is {max_tokens}, this daemon allows at most "
+                                 f"{cfg.max_tokens_limit}", param="max_tokens")
+        if len(ids) > cfg.max_prompt_tokens:
+            raise ContextLengthExceeded(f"the prompt has {len(ids)} tokens, this daemon accepts "
+                                        f"at most {cfg.max_prompt_tokens}", param=prompt_param)
+        if len(ids) + max_tokens > self.context_limit:
+            raise ContextLengthExceeded(
+                f"this model's context holds {self.context_limit} tokens; the prompt has {len(ids)} "
+                f"and max_tokens asks for {max_tokens} more", param="max_tokens")
+        seed = req.seed if req.seed is not None else random.SystemRandom().randrange(2**31)
+        sampling = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed)
+        return GenerationJob(prompt_ids=tuple(ids), max_tokens=max_tokens, sampling=sampling,
+                             stop_strings=tuple(req.stop_strings), draft_length=req.draft_length,
+                             trace=req.tandem_trace)
+
+    # ---- running ------------------------------------------------------------------------
+
+    def submit(self, job: GenerationJob, on_text: OnText | None, halt: threading.Event) -> Future:
+        """Queue a generation; Future[GenerationOutput], failing with an ApiError. Raises
+        Overloaded at once when the pool and the wait queue are full."""
+        with self._lock:
+            if self._closed:
+                raise Overloaded("the daemon is shutting down")
+            if self.inflight + self.waiting >= self.config.pool_size + self.config.max_waiting:
+                raise Overloaded(f"all {self.config.pool_size} sessions are busy and "
+                                 f"{self.waiting} requests are waiting; retry later")
+            self.waiting += 1
+            self._halts.add(halt)
+        self.metrics.waiting.inc()
+        future = self._executor.submit(self._work, job, on_text, halt)
+        future.add_done_callback(lambda f: self._done(f, halt))
+        return future
+
+    def _done(self, future: Future, halt: threading.Event) -> None:
+        with self._lock:
+            self._halts.discard(halt)
+            if future.cancelled():  # never started
+                self.waiting -= 1
+                self.metrics.waiting.dec()
+
+    async def complete(self, job: GenerationJob) -> GenerationOutput:
+        halt = threading.Event()
+        future = self.submit(job, None, halt)
+        try:
+            return await asyncio.wrap_future(future)
+        finally:
+            halt.set()  # the HTTP request ended (or was dropped): stop if still running
+
+    def stream(self, job: GenerationJob) -> TextStream:
+        """Admission happens here, so Overloaded is still an HTTP status, not a stream event."""
+        return TextStream(self, job)
+
+    def _work(self, job: GenerationJob, on_text: OnText | None, halt: threading.Event) -> GenerationOutput:
+        with self._lock:
+            self.waiting -= 1
+            self.inflight += 1
+            self.peak_inflight = max(self.peak_inflight, self.inflight)
+            client = self._idle.pop()
+        self.metrics.waiting.dec()
+        self.metrics.inflight.inc()
+        try:
+            return self._generate(client, job, on_text, halt)
+        except ApiError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the daemon must outlive any failed generation
+            log.exception("generation failed")
+            raise GenerationFailed(f"generation failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            with self._lock:
+                self.inflight -= 1
+                self._idle.append(client)
+            self.metrics.inflight.dec()
+
+    def _generate(self, client: EdgeClient, job: GenerationJob, on_text: OnText | None,
+                  halt: threading.Event) -> GenerationOutput:
+        stop_ids = self.tokenizer.stop_ids
+        detok = IncrementalDetokenizer(self.tokenizer.decode)
+        stops = StopMatcher(job.stop_strings)
+        emitted = _Emitted(t0=time.monotonic())
+        deadline = emitted.t0 + self.config.request_timeout_s
+
+        def release(text: str) -> None:
+            if text:
+                emitted.text.append(text)
+                if on_text is not None:
+                    on_text(text)
+
+        def on_tokens(ids: list[int], verified: list[bool]) -> None:
+            if emitted.first_token_s is None:
+                emitted.first_token_s = time.monotonic() - emitted.t0
+            emitted.token_ids.extend(ids)
+            emitted.verified.extend(verified)
+            self._note_link(all(verified), wire)
+            # The eos that ends a generation is part of the client's output, not of the text.
+            release(stops.push(detok.push([t for t in ids if t not in stop_ids])))
+            if stops.stopped:
+                raise _Halt("stop")
+            if halt.is_set():
+                raise _Halt("cancelled")
+            if time.monotonic() > deadline:
+                raise _Halt("timeout")
+
+        request = GenerationRequest(prompt_ids=list(job.prompt_ids), max_tokens=job.max_tokens,
+                                    sampling=job.sampling, draft_length=job.draft_length,
+                                    stop_ids=stop_ids)
+        result: GenerationResult | None = None
+        with self._tracer.recording() as wire:
+            try:
+                result = client.generate(request, on_tokens)
+            except _Halt as halted:
+                if halted.why == "timeout":
+                    raise GenerationTimeout(f"generation ran past {self.config.request_timeout_s} s") from None
+                if halted.why == "cancelled":
+                    raise GenerationFailed("the request was cancelled", code="cancelled") from None
+            except VerifierRefused as exc:
+                raise VerifierError(str(exc), code="verifier_refused") from exc
+            except CloudUnavailable as exc:
+                raise VerifierUnavailable(str(exc)) from exc
+            except ProtocolError as exc:
+                raise VerifierError(f"protocol error: {exc}", code="protocol_error") from exc
+        if not stops.stopped:
+            release(stops.push(detok.flush()))
+            release(stops.flush())
+        wall_s = time.monotonic() - emitted.t0
+        finish: FinishReason = "stop" if stops.stopped or (result and result.finish_reason == "stop") else "length"
+        stats = build_stats(result, emitted, wire, wall_s, self.backend, job.trace)
+        self._observe(stats, wire)
+        return GenerationOutput(text="".join(emitted.text), token_ids=list(emitted.token_ids),
+                                finish_reason=finish, prompt_tokens=len(job.prompt_ids),
+                                completion_tokens=len(emitted.token_ids), stats=stats)
+
+    def _note_link(self, verified: bool, wire: WireLog) -> None:
+        """Link state for /metrics and /healthz: down while tokens come unverified (the client
+        decodes locally), degraded when verification goes on but needed a re-open, else up."""
+        state = "down" if not verified else ("degraded" if wire.opens > 1 else "up")
+        if state != self.link_state:
+            self.link_state = state
+            self.metrics.set_link_state(state)
+
+    def _observe(self, stats: TandemStats, wire: WireLog) -> None:
+        answered = wire.verified_rounds()
+        self.metrics.observe_rounds(draft_lengths=[r.draft_length for r in answered],
+                                    accepted=stats.accepted_lengths,
+                                    rtts_s=[r.rtt_s for r in answered if r.rtt_s is not None])
+        self.metrics.observe_generation(
+            verified=stats.verified_tokens, unverified=stats.unverified_tokens,
+            target_passes=stats.target_passes, bytes_up=stats.bytes_up, bytes_down=stats.bytes_down,
+            wall_s=stats.wall_s, ttft_s=stats.ttft_s, reopens=stats.reopens)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def health(self) -> dict:
+        with self._lock:
+            return {"status": "ok", "model": self.config.model_name, "draft_backend": self.backend,
+                    "pool_size": self.config.pool_size, "inflight": self.inflight,
+                    "waiting": self.waiting, "peak_inflight": self.peak_inflight,
+                    "link_state": self.link_state}
+
+    def close(self) -> None:
+        """Stop taking requests, halt running generations at their next commit, wait for the
+        workers, then release the runtimes and the channel."""
+        with self._lock:
+            self._closed = True
+            halts = list(self._halts)
+        for halt in halts:
+            halt.set()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        for client in self._clients:
+            client.draft.close()
+        self._raw_channel.close()
+
+
+def build_stats(result: GenerationResult | None, emitted: _Emitted, wire: WireLog, wall_s: float,
+                backend: str, trace: bool) -> TandemStats:
+    """Tandem's stats of one generation. `result` is None when the generation was ended early
+    by a stop string; the counts then come from what went over the wire."""
+    answered = wire.verified_rounds()
+    if result is not None:
+        accepted, passes = list(result.accepted_lengths), result.target_passes
+        bytes_up, bytes_down, reopens = result.bytes_up, result.bytes_down, result.reopens
+    else:
+        accepted = [r.accepted for r in answered if r.accepted is not None]
+        passes, bytes_up, bytes_down = len(answered), wire.bytes_up, wire.bytes_down
+        reopens = max(wire.opens - 1, 0)
+    n_tokens = len(emitted.token_ids)
+    n_verified = sum(emitted.verified)
+    rounds = len(accepted)
+    return TandemStats(
+        rounds=rounds, accepted_lengths=accepted,
+        mean_accepted_length=1.0 + sum(accepted) / rounds if rounds else 1.0,
+        target_passes=passes, target_passes_per_token=passes / n_tokens if n_tokens else 0.0,
+        verified_tokens=n_verified, unverified_tokens=n_tokens - n_verified,
+        verified_fraction=n_verified / n_tokens if n_tokens else 1.0,
+        bytes_up=bytes_up, bytes_down=bytes_down, wall_s=wall_s, ttft_s=emitted.first_token_s,
+        tokens_per_s=n_tokens / wall_s if wall_s > 0 else 0.0, reopens=reopens, draft_backend=backend,
+        trace=[RoundTrace(t_s=r.sent_s + r.rtt_s - wire.t0, draft_length=r.draft_length,
+                          accepted=r.accepted or 0, rtt_ms=r.rtt_s * 1000.0,
+                          server_ms=None if r.server_s is None else r.server_s * 1000.0)
+               for r in answered] if trace else None)
+
+
+class TextStream:
+    """One streaming generation as an async iterator: text deltas (str) as they complete, then
+    the GenerationOutput. Leaving the iteration early (the HTTP client went away) halts the
+    generation at its next commit."""
+
+    def __init__(self, engine: Engine, job: GenerationJob) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._halt = threading.Event()
+        self._future = engine.submit(job, self._on_text, self._halt)
+        # Runs after the worker's last on_text, and call_soon_threadsafe keeps their order.
+        self._future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._queue.put_nowait, None))
+
+    def _on_text(self, text: str) -> None:  # worker thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, text)
+
+    def __aiter__(self) -> AsyncIterator[str | GenerationOutput]:
+        return self._items()
+
+    async def _items(self) -> AsyncIterator[str | GenerationOutput]:
+        try:
+            while (item := await self._queue.get()) is not None:
+                yield item
+            yield self._future.result()  # raises the generation's ApiError
+        finally:
+            self._halt.set()
