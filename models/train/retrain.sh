@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Retrain the whole shipped model family from the interpreter's stdlib sources.
+# Each step resumes or skips when its output exists; delete models/.cache to start over.
+#   bash models/train/retrain.sh [SEED] [TARGET_MINUTES] [DRAFT_MINUTES]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SEED=${1:-0}; TARGET_MIN=${2:-55}; DRAFT_MIN=${3:-30}
+PY=.venv/bin/python
+[ -f models/tokenizer/tokenizer.json ] || $PY -m models.train.tokenizer --out models/tokenizer
+$PY -c "from pathlib import Path; from models.train import data; data.write_heldout_list(Path('models/heldout_files.txt'))"
+$PY -m models.train.prompts
+$PY -m models.train.train --role target --minutes "$TARGET_MIN" --seed "$SEED"
+$PY -m models.train.train --role draft --teacher models/tandem-target --minutes "$DRAFT_MIN" --seed "$SEED"
+$PY -m models.export.gguf --hf models/tandem-draft
+$PY -m models.export.onnx --hf models/tandem-draft
+$PY -m models.train.evaluate
