@@ -1,0 +1,52 @@
+"""Shared fixtures: the shipped model family and held-out prompts.
+
+Tests run on the real shipped models in models/. While the family is being (re)trained,
+TANDEM_TEST_MODELS=dev points the same fixtures at the randomly initialised development copies
+in models/.cache/dev-* (plumbing only; numbers from them mean nothing).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "models"
+
+
+def _family() -> dict[str, Path]:
+    if os.environ.get("TANDEM_TEST_MODELS") == "dev":
+        target, draft = MODELS / ".cache/dev-target", MODELS / ".cache/dev-draft"
+    else:
+        target, draft = MODELS / "tandem-target", MODELS / "tandem-draft"
+    return {"target": target, "draft": draft,
+            "gguf": draft / "tandem-draft-f32.gguf", "onnx": draft / "tandem-draft.onnx"}
+
+
+@pytest.fixture(scope="session")
+def target_dir() -> Path:
+    return _family()["target"]
+
+
+@pytest.fixture(scope="session")
+def draft_dir() -> Path:
+    return _family()["draft"]
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    return _family()["gguf"]
+
+
+@pytest.fixture(scope="session")
+def onnx_path() -> Path:
+    return _family()["onnx"]
+
+
+@pytest.fixture(scope="session")
+def heldout_prompts() -> list[str]:
+    """Held-out code prompts (models/prompts/heldout.jsonl), in a fixed order."""
+    lines = (MODELS / "prompts/heldout.jsonl").read_text().splitlines()
+    return [json.loads(line)["prompt"] for line in lines]
