@@ -14,3 +14,5 @@ $PY -m models.train.train --role draft --teacher models/tandem-target --minutes 
 $PY -m models.export.gguf --hf models/tandem-draft
 $PY -m models.export.onnx --hf models/tandem-draft
 $PY -m models.train.evaluate
+$PY -m bench.runtimes --json models/runtimes.json
+$PY -m models.train.card
