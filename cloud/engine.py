@@ -235,9 +235,11 @@ class Engine:
 
     # --- Close ------------------------------------------------------------------------------
     def close(self, session: Session, reason: str) -> None:
-        """End a session; idempotent and safe from any thread. Logs its one summary line (an
+        """End a session; idempotent and safe from any thread (gRPC's termination callback calls
+        it while the stream's handler may still wait on a round). Logs its one summary line (an
         evicted session was logged when it was evicted). The KV cache is not released here: a
-        round may still be in flight on it; it goes with the last reference to the session."""
+        round in flight keeps using it and the table keeps charging it until the round settles;
+        it goes with the last reference to the session."""
         session.closed = True
         if self.table.remove(session):  # True for exactly one caller
             self._log_end(session, reason)

@@ -7,6 +7,10 @@ session is marked evicted, and its next Draft is answered with `Evicted` so the 
 with its full context and loses nothing. A session with a forward pass in flight is never a
 victim. If only busy sessions are left the budget is briefly exceeded rather than failing a
 round; a single session that alone exceeds the budget is refused.
+
+A session removed while its pass is in flight (its stream was cancelled mid-round) leaves the
+table only when that pass settles: until then its cache is in use, so it stays charged and is
+still nobody's victim.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ class Session:
     generated: int = 0           # tokens committed by verdicts (accepted + bonus)
     charged_bytes: int = 0       # what the table counts against the budget
     busy: bool = False           # a forward pass is in flight
+    leaving: bool = False        # removed while busy: dropped from the table when its pass settles
     evicted: bool = False
     closed: bool = False
 
@@ -85,7 +90,7 @@ class SessionTable:
         """Mark a session busy for a round that takes its cache to need_bytes. Returns the
         sessions evicted for it, or None when the session itself was evicted (or is gone)."""
         with self._lock:
-            if session.evicted or session.key not in self._sessions:
+            if session.evicted or session.leaving or session.key not in self._sessions:
                 return None
             if need_bytes > self.kv_budget_bytes:
                 raise ResourceExhausted(
@@ -96,21 +101,30 @@ class SessionTable:
             return self._make_room(session)
 
     def settle(self, session: Session, held_bytes: int) -> None:
-        """The pass is done: charge what the session holds now, mark it most recently used."""
+        """The pass is done: charge what the session holds now, mark it most recently used (or
+        drop it, if it was removed while the pass ran)."""
         with self._lock:
             session.busy = False
-            if session.key in self._sessions:
-                self._recharge(session, held_bytes)
-                self._sessions.move_to_end(session.key)
+            if session.key not in self._sessions:
+                return
+            if session.leaving:
+                self._drop(session)
+                return
+            self._recharge(session, held_bytes)
+            self._sessions.move_to_end(session.key)
 
     def remove(self, session: Session) -> bool:
-        """Drop a session (closed or ended). Returns False if it was not in the table."""
+        """Drop a session (closed or ended); one with a pass in flight is dropped when that pass
+        settles. Returns True for exactly one caller, False if it was not (or no longer) in the
+        table."""
         with self._lock:
-            found = self._sessions.pop(session.key, None) is not None
-            if found:
-                self._used_bytes -= session.charged_bytes
-                session.charged_bytes = 0
-            return found
+            if session.key not in self._sessions or session.leaving:
+                return False
+            if session.busy:
+                session.leaving = True
+            else:
+                self._drop(session)
+            return True
 
     @property
     def active(self) -> int:
@@ -149,10 +163,14 @@ class SessionTable:
                 return session
         return None
 
+    def _drop(self, session: Session) -> None:
+        del self._sessions[session.key]
+        self._used_bytes -= session.charged_bytes
+        session.charged_bytes = 0
+
     def _evict(self, victim: Session) -> Session:
-        del self._sessions[victim.key]
-        self._used_bytes -= victim.charged_bytes
-        victim.charged_bytes = 0
+        assert not victim.busy, "a session with a pass in flight is never a victim"
+        self._drop(victim)
         victim.evicted = True
         victim.state.release()
         self.evictions += 1

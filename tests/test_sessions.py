@@ -1,4 +1,5 @@
-"""The session table: byte budget, LRU eviction of idle sessions only, session-count limit."""
+"""The session table: byte budget, LRU eviction of idle sessions only, session-count limit,
+removal of a session whose round is in flight."""
 from __future__ import annotations
 
 import pytest
@@ -65,3 +66,19 @@ def test_session_count_limit_evicts_or_refuses():
     table.reserve(d, 1)  # both busy now: a new session is refused
     with pytest.raises(ResourceExhausted, match="all busy"):
         table.admit(_session("e"), 1)
+
+
+def test_a_session_removed_mid_round_stays_charged_until_the_round_settles():
+    # Its stream was cancelled while the round ran: the cache is still in use until it settles.
+    table = SessionTable(kv_budget_bytes=100, max_sessions=10)
+    a, b = _session("a"), _session("b")
+    _admit(table, a, 40)
+    table.reserve(a, 50)
+    assert table.remove(a) and not table.remove(a)  # True for exactly one caller
+    assert table.used_bytes == 50 and table.active == 1
+    assert table.reserve(a, 50) is None             # no further round on a removed session
+    assert _admit(table, b, 60) == []               # over budget for a moment, a not evicted
+    assert not a.evicted and table.evictions == 0
+    table.settle(a, 45)
+    assert table.used_bytes == 60 and table.active == 1
+    assert not table.remove(a)
