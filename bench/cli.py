@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.sim_config import SimConfig, rooted
-from tandem.config import ConfigError, load_config
+from bench.sim_config import SimConfig
+from tandem.config import ConfigError, load_config, resolve_path
 
 DEFAULT_OUT = Path("out/sim")
 
@@ -26,7 +26,7 @@ def _sim(args: argparse.Namespace) -> int:
 
     overrides = {"prompts": args.prompts, "max_tokens": args.max_tokens, "concurrency": args.concurrency,
                  "profiles": args.profiles.split(",") if args.profiles else None}
-    config = load_config(rooted(args.config), SimConfig, overrides)
+    config = load_config(resolve_path(args.config), SimConfig, overrides)
     json_path = args.json if args.json is not None else DEFAULT_OUT / "sim.json"
     plots_dir = args.plots if args.plots is not None else DEFAULT_OUT
     result = run_sim(config, json_path=json_path, plots_dir=plots_dir, progress=not args.no_progress)
@@ -39,7 +39,7 @@ def _loadgen(args: argparse.Namespace) -> int:
     from bench.workload import advertised_model, load_prompts, run_workload
 
     model = args.model or advertised_model(args.url)
-    prompts = load_prompts(rooted(args.prompts_file), args.requests, args.offset)
+    prompts = load_prompts(resolve_path(args.prompts_file), args.requests, args.offset)
     t0 = time.monotonic()
     records = asyncio.run(run_workload(args.url, model, prompts, max_tokens=args.max_tokens,
                                        concurrency=args.concurrency, temperature=args.temperature,

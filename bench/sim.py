@@ -24,13 +24,13 @@ from tqdm import tqdm
 
 from bench.channel import ChannelProfile, ChannelProxy
 from bench.report import RunSummary, format_table, session_trace, summarize, write_json, write_plots
-from bench.sim_config import SimConfig, rooted
+from bench.sim_config import SimConfig
 from bench.workload import RequestRecord, load_prompts, run_workload
 from cloud.config import CloudConfig
 from cloud.service import create_server
 from edge.config import EdgeConfig, resolve_paths
 from edge.daemon.server import DaemonThread, load_engine
-from tandem.config import load_config
+from tandem.config import load_config, resolve_path
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class SimResult:
 
 
 def load_profile(config: SimConfig, name: str) -> ChannelProfile:
-    path = rooted(config.channels_dir) / f"{name}.yaml"
+    path = resolve_path(config.channels_dir) / f"{name}.yaml"
     return load_config(path, ChannelProfile, config.profile_overrides.get(name))
 
 
@@ -57,18 +57,18 @@ def edge_config_for(config: SimConfig, verifier_address: str) -> EdgeConfig:
         "daemon": {"host": "127.0.0.1", "port": 0, "pool_size": config.concurrency,
                    "max_tokens_limit": max(config.max_tokens, 1),
                    "default_max_tokens": min(64, config.max_tokens)}})
-    return resolve_paths(load_config(rooted(config.edge_config), EdgeConfig, overrides))
+    return resolve_paths(load_config(resolve_path(config.edge_config), EdgeConfig, overrides))
 
 
 def cloud_config_for(config: SimConfig) -> CloudConfig:
     overrides = _merged(config.cloud_overrides, {"server": {"host": "127.0.0.1", "port": 0}})
-    return load_config(rooted(config.cloud_config), CloudConfig, overrides)
+    return load_config(resolve_path(config.cloud_config), CloudConfig, overrides)
 
 
 def run_sim(config: SimConfig, json_path: Path | None = None, plots_dir: Path | None = None,
             progress: bool = True) -> SimResult:
     started = time.monotonic()
-    prompts = load_prompts(rooted(config.prompts_file), config.prompts + config.warmup_requests,
+    prompts = load_prompts(resolve_path(config.prompts_file), config.prompts + config.warmup_requests,
                            config.prompt_offset, config.max_prompt_chars)
     warmup, measured = prompts[config.prompts:], prompts[:config.prompts]
     profiles = {name: load_profile(config, name) for name in config.profiles}  # fail early

@@ -13,16 +13,6 @@ from pydantic import Field, model_validator
 
 from tandem.config import Settings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def rooted(path: Path) -> Path:
-    """A relative path resolves against the current directory, then the repository root."""
-    if path.is_absolute() or path.exists():
-        return path
-    return REPO_ROOT / path
-
-
 class SimConfig(Settings):
     edge_config: Path = Field(Path("configs/edge.yaml"), description="edge YAML (draft, client, daemon)")
     edge_overrides: dict[str, Any] = Field(default_factory=dict, description=(

@@ -18,8 +18,8 @@ import grpc
 import torch
 
 from cloud.auth import API_KEY_HEADER
-from cloud.config import REPO_ROOT, CloudConfig
-from tandem.config import ConfigError, load_config
+from cloud.config import CloudConfig
+from tandem.config import ConfigError, load_config, resolve_path
 
 log = logging.getLogger("tandem.cloud")
 
@@ -58,9 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     transformers_logging.disable_progress_bar()
 
-    config_path = args.config
-    if not config_path.is_absolute() and not config_path.exists():
-        config_path = REPO_ROOT / config_path
+    config_path = resolve_path(args.config)
     overrides = {"server": {"host": args.host, "port": args.port},
                  "model": {"path": args.model, "device": args.device, "dtype": args.dtype}}
     try:

@@ -8,9 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tandem.config import Settings
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tandem.config import Settings, resolve_path
 
 
 class ServerSettings(Settings):
@@ -69,9 +67,7 @@ class ModelSettings(Settings):
     threads: int = Field(0, ge=0, le=256, description="torch CPU threads; 0 = torch's default")
 
     def resolved_path(self) -> Path:
-        if self.path.is_absolute() or self.path.exists():
-            return self.path
-        return REPO_ROOT / self.path
+        return resolve_path(self.path)
 
 
 class LimitSettings(Settings):

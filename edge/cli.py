@@ -15,8 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from edge.config import EdgeConfig, model_for_backend, resolve_path, resolve_paths
-from tandem.config import ConfigError, load_config
+from edge.config import EdgeConfig, model_for_backend, resolve_paths
+from tandem.config import ConfigError, load_config, resolve_path
 
 DEFAULT_CONFIG = Path("configs/edge.yaml")
 

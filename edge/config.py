@@ -12,10 +12,9 @@ from pydantic import Field, model_validator
 
 from edge.runtime.config import DraftConfig
 from tandem.codec import DEFAULT_MAX_ENTRIES, DEFAULT_SCALE
-from tandem.config import Settings
+from tandem.config import Settings, resolve_path
 
 DEFAULT_API_KEY_HEADER = "x-api-key"
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 class CloudLinkConfig(Settings):
@@ -129,14 +128,6 @@ class EdgeConfig(Settings):
     draft: DraftConfig = Field(default_factory=DraftConfig)
     client: ClientConfig = Field(default_factory=ClientConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
-
-
-def resolve_path(path: Path) -> Path:
-    """A relative path as given when it exists from the current directory, else against the
-    repository root (so configs/edge.yaml works from anywhere)."""
-    if path.is_absolute() or path.exists():
-        return path
-    return REPO_ROOT / path
 
 
 def resolve_paths(config: EdgeConfig) -> EdgeConfig:

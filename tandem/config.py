@@ -10,6 +10,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 T = TypeVar("T", bound="Settings")
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def resolve_path(path: Path) -> Path:
+    """A relative path as given when it exists from the current directory, else against the
+    repository root (so the shipped configs and models are found from any directory)."""
+    if path.is_absolute() or path.exists():
+        return path
+    return REPO_ROOT / path
+
 
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
