@@ -45,11 +45,59 @@ class CloudLinkConfig(Settings):
         return self
 
 
+class DeviceProfile(Settings):
+    """What drafting costs on this device, and the budget the draft policy must respect
+    (FlexSpec-style channel- and energy-aware draft length). 0 = no limit / not modelled."""
+    name: str = Field("laptop", description="profile name (reports and `tandem bench --device`)")
+    max_draft_tokens_per_s: float = Field(0.0, ge=0, description="most draft tokens per second "
+                                          "the device may spend (a phone-class cap); 0 = none")
+    max_draft_per_generated: float = Field(0.0, ge=0, description="most draft tokens per "
+                                           "generated token over a generation; 0 = none")
+    joules_per_draft_token: float = Field(0.0, ge=0, description="energy of one draft token")
+    joules_per_byte_up: float = Field(0.0, ge=0, description="radio energy per byte sent")
+    joules_per_byte_down: float = Field(0.0, ge=0, description="radio energy per byte received")
+    joules_budget_per_token: float = Field(0.0, ge=0, description="most joules per generated "
+                                           "token (draft + radio); 0 = none")
+
+
+class AdaptiveConfig(Settings):
+    """The adaptive draft-length controller (edge/control/adaptive.py)."""
+    max_draft_length: int = Field(16, ge=1, le=64, description="largest k the controller tries "
+                                  "(also capped by the server's limit)")
+    rtt_alpha: float = Field(0.3, gt=0, le=1, description="EWMA weight of a new RTT / "
+                             "throughput / timing sample")
+    acceptance_alpha: float = Field(0.1, gt=0, le=1, description="EWMA weight of a new "
+                                    "acceptance observation (per position and per confidence "
+                                    "bin)")
+    prior_acceptance: float = Field(0.7, ge=0, le=1, description="acceptance assumed before "
+                                    "any verdict (per position)")
+    prior_weight: float = Field(4.0, ge=0, description="observations the prior is worth")
+    confidence_stop: bool = Field(True, description="end a block early when the draft's "
+                                  "confidence says the next token no longer pays")
+    adapt_q_entries: bool = Field(True, description="fewer sparse-q entries per position on a "
+                                  "slow uplink (sampling; lossless either way)")
+    min_q_entries: int = Field(4, ge=1, le=1024, description="fewest q entries per position")
+    send_ahead: int = Field(1, ge=1, le=8, description="most blocks in flight the controller "
+                            "may choose (1 = no send-ahead; also capped by the server)")
+    draft_ahead: bool = Field(False, description="draft the next block while the current one "
+                              "is being verified")
+    cloud_generate: bool = Field(False, description="let the controller ask the verifier to "
+                                 "generate by itself when speculation does not pay")
+    cloud_generate_tokens: int = Field(16, ge=1, le=1024, description="tokens per "
+                                       "cloud-generates request")
+    prior_path: Path | None = Field(None, description="file where the acceptance prior is "
+                                    "kept between sessions (JSON); None = not persisted")
+
+
 class ClientConfig(Settings):
     """How one generation session drafts, waits, retries and falls back to local decoding."""
     draft_length: int = Field(4, ge=0, le=64, description="draft tokens per round (fixed k); "
                                                           "capped by the server's limit")
     target_model: str = Field("", description="target model to ask for; empty = server default")
+    policy: str = Field("fixed", description="draft policy by name: fixed (draft_length every "
+                        "round), adaptive, or a peer's rule (edge/control)")
+    adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
+    device: DeviceProfile = Field(default_factory=DeviceProfile)
     max_q_entries: int = Field(DEFAULT_MAX_ENTRIES, ge=1, le=1024,
                                description="most ids in one sparse draft distribution q "
                                            "(sampling); capped by the server's limit")

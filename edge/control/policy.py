@@ -1,0 +1,127 @@
+"""The draft policy interface: asked once per round what to do, told what happened.
+
+The shape is transformers' CandidateGenerator (`get_candidates` / `update_candidate_strategy`):
+`plan(view) -> Plan` before a round, `update(record)` after it. The round loop (edge/loop.py)
+applies the caps a policy cannot break (remaining tokens, the server's limits, the context) by
+giving it `view.max_k` and clamping the answer; everything else is the policy's choice.
+
+One policy object lives per EdgeClient and sees every generation of that client in turn, so
+what it learned (acceptance, the link) carries over as a prior; `view.round == 0` marks the
+first round of a generation. Policies are built by name from `client.policy` through the
+registry below; other modules add theirs with `@register_policy("name")`.
+
+Contract notes (differences from the sketch in coord/TEAM.md, all additive): RoundView carries
+a few more read-only facts with defaults (context_length, max_q_entries, max_send_ahead,
+drafters, server_load); Plan is unchanged.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from edge.rounds import RoundRecord
+
+if TYPE_CHECKING:
+    from edge.config import ClientConfig
+
+LINK_STATES = ("up", "degraded", "down", "offline")
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """What a policy may look at before a round."""
+    round: int                      # rounds already in this generation's log
+    generated: int                  # tokens committed so far
+    remaining: int                  # tokens still allowed (max_tokens - generated), >= 1
+    max_k: int                      # most tokens this round may draft (all caps applied)
+    link_state: str                 # LINK_STATES
+    sampling: bool                  # False = greedy
+    history: Sequence[RoundRecord]  # this generation's rounds so far (read-only)
+    context_length: int = 0
+    max_q_entries: int = 0          # the most sparse-q entries the verifier takes (sampling)
+    max_send_ahead: int = 1         # the most blocks the verifier lets be in flight
+    drafters: tuple[str, ...] = ()  # local models available ("" = the default one)
+    server_load: float = 0.0        # the verifier's share of its session budget in use, 0..1
+
+
+@dataclass(frozen=True)
+class Plan:
+    k: int                          # most tokens to draft this round (0 allowed)
+    min_confidence: float = 0.0     # stop the block when the draft's top prob falls below
+    drafter: str | None = None      # which local model drafts (None = default)
+    verify: bool = True             # False = commit unverified (fast mode / local)
+    q_entries: int | None = None    # sparse-q entries per position (sampling); None = config
+    send_ahead: int = 1             # blocks allowed in flight
+    cloud_generate: int = 0         # > 0: ask the verifier to generate n tokens itself
+
+    def __post_init__(self) -> None:
+        if self.k < 0 or self.send_ahead < 1 or self.cloud_generate < 0:
+            raise ValueError(f"invalid plan {self}")
+
+
+@runtime_checkable
+class DraftPolicy(Protocol):
+    def plan(self, view: RoundView) -> Plan: ...
+
+    def update(self, record: RoundRecord) -> None: ...
+
+
+class FixedK:
+    """Draft k tokens every round (capped by view.max_k): the behaviour before policies."""
+
+    def __init__(self, k: int) -> None:
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        self.k = k
+
+    def plan(self, view: RoundView) -> Plan:
+        return Plan(k=min(self.k, view.max_k))
+
+    def update(self, record: RoundRecord) -> None:
+        pass
+
+
+PolicyFactory = Callable[["ClientConfig"], DraftPolicy]
+_REGISTRY: dict[str, PolicyFactory] = {}
+
+
+def register_policy(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
+    """Decorator: make `factory(client_config) -> DraftPolicy` buildable as `client.policy: name`."""
+    def add(factory: PolicyFactory) -> PolicyFactory:
+        if name in _REGISTRY and _REGISTRY[name] is not factory:
+            raise ValueError(f"policy {name!r} registered twice")
+        _REGISTRY[name] = factory
+        return factory
+    return add
+
+
+def policy_names() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def make_policy(name: str, config: "ClientConfig") -> DraftPolicy:
+    _load_builtin()
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown draft policy {name!r}; known: {', '.join(sorted(_REGISTRY))}") \
+            from None
+    return factory(config)
+
+
+@register_policy("fixed")
+def _fixed(config: "ClientConfig") -> DraftPolicy:
+    return FixedK(config.draft_length)
+
+
+def _load_builtin() -> None:
+    """Import the modules that register the other built-in policies (lazily: no import cycle)."""
+    import importlib
+    for module in ("edge.control.adaptive", "edge.control.peers"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name != module:  # a real import error inside an existing module
+                raise
