@@ -7,6 +7,7 @@ here and nowhere else (the CLI only overrides fields of these classes).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -37,11 +38,25 @@ class CloudLinkConfig(Settings):
     max_reconnect_backoff_s: float = Field(
         1.0, gt=0, le=300, description="grpc channel's longest reconnect backoff; kept short so a "
                                        "returning server is seen within about this long")
+    keepalive_s: float = Field(20.0, ge=0, le=3600,
+                               description="gRPC keepalive ping interval, also between calls "
+                                           "(NATs and mobile links drop idle connections); at "
+                                           "least 10 (the verifier's minimum); 0 = off")
+    keepalive_timeout_s: float = Field(10.0, gt=0, le=600,
+                                       description="a keepalive ping unanswered this long "
+                                                   "closes the connection")
 
     @model_validator(mode="after")
     def _backoffs_ordered(self) -> "CloudLinkConfig":
         if self.max_reconnect_backoff_s < self.reconnect_backoff_s:
             raise ValueError("max_reconnect_backoff_s must be >= reconnect_backoff_s")
+        return self
+
+    @model_validator(mode="after")
+    def _keepalive_allowed(self) -> "CloudLinkConfig":
+        if 0 < self.keepalive_s < 10:
+            raise ValueError("keepalive_s must be 0 (off) or >= 10: the verifier answers more "
+                             "frequent pings with GOAWAY")
         return self
 
 
@@ -72,6 +87,8 @@ class AdaptiveConfig(Settings):
     prior_acceptance: float = Field(0.7, ge=0, le=1, description="acceptance assumed before "
                                     "any verdict (per position)")
     prior_weight: float = Field(4.0, ge=0, description="observations the prior is worth")
+    dither: bool = Field(True, description="every other round draft k - max(1, k // 4), so "
+                         "the uplink's cost per byte can be fitted apart from its latency")
     confidence_stop: bool = Field(True, description="end a block early when the draft's "
                                   "confidence says the next token no longer pays")
     adapt_q_entries: bool = Field(True, description="fewer sparse-q entries per position on a "
@@ -89,6 +106,40 @@ class AdaptiveConfig(Settings):
                                     "kept between sessions (JSON); None = not persisted")
 
 
+SwitchState = Literal["easy", "hard"]
+
+
+class EntropySwitchConfig(Settings):
+    """The entropy switch (edge/control/entropy.py): thresholds in nats of the draft's
+    next-token distribution, averaged over the last `window` drafted positions."""
+    window: int = Field(8, ge=1, le=1024,
+                        description="drafted positions the rolling entropy averages over")
+    enter_hard: float = Field(1.6, ge=0, le=20,
+                              description="switch easy -> hard when the rolling entropy is at or "
+                                          "above this (nats)")
+    exit_hard: float = Field(1.0, ge=0, le=20,
+                             description="switch hard -> easy when the rolling entropy is at or "
+                                         "below this (nats); below enter_hard (hysteresis)")
+    min_dwell_rounds: int = Field(2, ge=0, le=1000,
+                                  description="rounds to stay in a state before switching again")
+    start_state: SwitchState = Field("hard", description="state before any entropy was seen: 'hard' "
+                                                   "drafts the start with the strong model and, "
+                                                   "in fast mode, verifies it")
+    hard_max_k: int = Field(3, ge=0, le=64, description="most draft tokens per round in the "
+                                                        "hard state")
+    easy_drafter: str | None = Field(None, description="ladder model that drafts easy text; "
+                                                       "None = the first (cheapest) rung")
+    hard_drafter: str | None = Field(None, description="ladder model that drafts hard text; "
+                                                       "None = the last (strongest) rung")
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> "EntropySwitchConfig":
+        if self.exit_hard > self.enter_hard:
+            raise ValueError("exit_hard must be <= enter_hard (hysteresis)")
+        return self
+
+
+
 class ClientConfig(Settings):
     """How one generation session drafts, waits, retries and falls back to local decoding."""
     draft_length: int = Field(4, ge=0, le=64, description="draft tokens per round (fixed k); "
@@ -98,6 +149,14 @@ class ClientConfig(Settings):
                         "round), adaptive, or a peer's rule (edge/control)")
     adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
     device: DeviceProfile = Field(default_factory=DeviceProfile)
+    entropy: EntropySwitchConfig = Field(default_factory=EntropySwitchConfig)
+    mode: Literal["lossless", "fast"] = Field(
+        "lossless", description="default mode of a request that names none: lossless (every "
+                                "token verified) or fast (low-entropy spans emitted unverified; "
+                                "needs policy: entropy)")
+    max_unverified_run: int = Field(16, ge=0, le=4096,
+                                    description="fast mode: most tokens in a row emitted "
+                                                "without verification (a request may lower it)")
     max_q_entries: int = Field(DEFAULT_MAX_ENTRIES, ge=1, le=1024,
                                description="most ids in one sparse draft distribution q "
                                            "(sampling); capped by the server's limit")
@@ -160,8 +219,26 @@ class DaemonConfig(Settings):
                                          "the API answers 503 overloaded")
     request_timeout_s: float = Field(300.0, gt=0, le=86_400,
                                      description="a generation running longer is stopped (504)")
-    log_level: str = Field("warning", pattern=r"^(critical|error|warning|info|debug|trace)$",
-                           description="uvicorn log level")
+    log_level: str = Field("info", pattern=r"^(critical|error|warning|info|debug|trace)$",
+                           description="log level of the daemon and uvicorn; info shows the "
+                                       "listening line, one access line per request and "
+                                       "link-state changes")
+    api_key: str = Field("", description="key HTTP clients must send (`Authorization: Bearer "
+                                         "KEY` or `x-api-key`); empty = none. Required when "
+                                         "`host` is not a loopback address")
+    allow_insecure_public: bool = Field(False, description="serve a non-loopback `host` "
+                                                           "without `api_key` (not advised: "
+                                                           "the daemon holds the verifier's key)")
+    cors_origins: list[str] = Field(default_factory=list,
+                                    description="browser origins allowed by CORS (e.g. "
+                                                "http://localhost:3000, or * for any); empty = "
+                                                "no CORS headers")
+    max_body_bytes: int = Field(4 * 2**20, ge=1024, le=2**31 - 1,
+                                description="largest request body, enforced while it is read "
+                                            "(413 beyond)")
+    strict_openai: bool = Field(False, description="refuse request fields the API does not "
+                                                   "know (400) instead of ignoring them with a "
+                                                   "logged warning")
 
     @model_validator(mode="after")
     def _default_within_limit(self) -> "DaemonConfig":
@@ -170,24 +247,54 @@ class DaemonConfig(Settings):
         return self
 
 
+class LadderModelConfig(DraftConfig):
+    """One more local model on the edge's ladder (edge/control/entropy.py picks the drafter)."""
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
+                      description="the model's name in the ladder (Plan.drafter, metrics)")
+
+
+DEFAULT_DRAFTER = "draft"  # the ladder name of the `draft:` model
+
+
 class EdgeConfig(Settings):
     """configs/edge.yaml."""
     cloud: CloudLinkConfig = Field(default_factory=CloudLinkConfig)
     draft: DraftConfig = Field(default_factory=DraftConfig)
+    ladder: list[LadderModelConfig] = Field(
+        default_factory=list, description="more local models after `draft` (the ladder's "
+                                          "first rung, named 'draft'), cheapest first; the "
+                                          "daemon keeps each loaded and the draft policy picks "
+                                          "which one drafts a block")
     client: ClientConfig = Field(default_factory=ClientConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
 
+    @model_validator(mode="after")
+    def _ladder_names_unique(self) -> "EdgeConfig":
+        names = [DEFAULT_DRAFTER] + [m.name for m in self.ladder]
+        if len(set(names)) != len(names):
+            raise ValueError(f"ladder names must be unique and not {DEFAULT_DRAFTER!r}: {names}")
+        return self
+
+    def local_models(self) -> dict[str, DraftConfig]:
+        """Every local model by ladder name, cheapest first: `draft` then the ladder."""
+        return {DEFAULT_DRAFTER: self.draft, **{m.name: m for m in self.ladder}}
+
+
+def _resolve_model(draft: DraftConfig) -> DraftConfig:
+    return draft.model_copy(update={
+        "model_path": resolve_path(draft.model_path),
+        "tokenizer_dir": resolve_path(draft.tokenizer_dir)
+        if draft.tokenizer_dir is not None else None})
+
 
 def resolve_paths(config: EdgeConfig) -> EdgeConfig:
-    """The same config with the draft's and the certificate's paths resolved."""
-    draft = config.draft.model_copy(update={
-        "model_path": resolve_path(config.draft.model_path),
-        "tokenizer_dir": resolve_path(config.draft.tokenizer_dir)
-        if config.draft.tokenizer_dir is not None else None})
+    """The same config with the local models' and the certificate's paths resolved."""
+    draft = _resolve_model(config.draft)
+    ladder = [_resolve_model(m) for m in config.ladder]
     cloud = config.cloud
     if cloud.tls_root_cert is not None:
         cloud = cloud.model_copy(update={"tls_root_cert": resolve_path(cloud.tls_root_cert)})
-    return config.model_copy(update={"draft": draft, "cloud": cloud})
+    return config.model_copy(update={"draft": draft, "ladder": ladder, "cloud": cloud})
 
 
 _MODEL_FILES = {"llama.cpp": "*.gguf", "onnxruntime": "*.onnx"}
