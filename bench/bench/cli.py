@@ -1,0 +1,60 @@
+"""The `tandem bench` subcommand (wired into bench/cli.py)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tandem.config import load_config, merge, parse_set_options, resolve_path
+
+DEFAULT_OUT = Path("out/bench")
+
+
+def add_parser(sub) -> None:
+    bench = sub.add_parser("bench", help="adaptive draft length vs fixed k, peers' rules, "
+                                         "cloud-only, edge-only and an oracle, per channel and device")
+    bench.add_argument("--config", type=Path, default=Path("configs/bench.yaml"))
+    bench.add_argument("--channel", action="append", type=Path, default=None, metavar="FILE.yaml",
+                       help="a channel profile file (repeatable; replaces the config's list)")
+    bench.add_argument("--device", action="append", default=None, metavar="NAME",
+                       help="a device profile name in configs/devices or a YAML file (repeatable)")
+    bench.add_argument("--configs", default=None,
+                       help="comma-separated subset of configurations, e.g. fixed-k4,adaptive")
+    bench.add_argument("--prompts", type=int, default=None, help="override prompts per configuration")
+    bench.add_argument("--max-tokens", type=int, default=None, help="override tokens per request")
+    bench.add_argument("--json", type=Path, default=None, help=f"results (default {DEFAULT_OUT}/bench.json)")
+    bench.add_argument("--plots", type=Path, default=None, help=f"PNG directory (default {DEFAULT_OUT})")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                       help="override any bench config key (repeatable; VALUE is read as YAML)")
+    bench.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.bench.config import BenchConfig, load_device
+    from bench.channel import load_profile
+
+    flags = {"prompts": args.prompts, "max_tokens": args.max_tokens,
+             "channels": [str(c) for c in args.channel] if args.channel else None,
+             "devices": args.device,
+             "configurations": args.configs.split(",") if args.configs else None}
+    config = load_config(args.config, BenchConfig, merge(parse_set_options(args.set), flags),
+                         env_prefix="TANDEM_BENCH_")
+    channels = [load_profile(resolve_path(path)) for path in config.channels]  # fail early
+    devices = [load_device(config, name) for name in config.devices]
+
+    from bench.bench.results import format_goals, format_table
+    from bench.bench.runner import run_bench  # loads torch / grpc only when benchmarking
+
+    result = run_bench(config, channels, devices,
+                       json_path=args.json if args.json is not None else DEFAULT_OUT / "bench.json",
+                       plots_dir=args.plots if args.plots is not None else DEFAULT_OUT,
+                       progress=not args.no_progress)
+    print(format_table(result.rows))
+    print("\ngoals (measured in this run):")
+    print(format_goals(result.goals))
+    for name, why in result.skipped.items():
+        print(f"skipped {name}: {why}")
+    print(f"\n{len(result.generations)} generations in {result.elapsed_s:.0f} s")
+    for path in result.outputs:
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,106 @@
+"""Typed configuration of `tandem bench` (configs/bench.yaml) and of its device profiles
+(configs/devices/NAME.yaml).
+
+Like `tandem sim`, the bench reuses the shipped edge and cloud configs and overrides only what a
+loopback run needs; the overrides are nested mappings validated by EdgeConfig / CloudConfig.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from edge.config import DeviceProfile
+from tandem.config import Settings, load_config, resolve_path
+
+# The configurations a bench row can name (the issue's names, so other tools can read the JSON).
+BASELINES = ("cloud-only", "edge-only")
+PEERS = ("hf-heuristic", "llamacpp-pmin", "sglang-ema")
+FIXED_KS = (1, 2, 4, 8, 16)
+ALL_CONFIGURATIONS = (*BASELINES, *(f"fixed-k{k}" for k in FIXED_KS), *PEERS,
+                      "adaptive", "adaptive-pipelined", "oracle")
+_FIXED = re.compile(r"^fixed-k(\d+)$")
+
+
+def fixed_k(name: str) -> int | None:
+    """k of a `fixed-kN` configuration name, else None."""
+    match = _FIXED.match(name)
+    return int(match.group(1)) if match else None
+
+
+class DeviceSpec(Settings):
+    """An emulated edge device: how fast its draft may run, and its client device profile."""
+    name: str = Field(..., min_length=1, description="short name, e.g. phone (--device NAME)")
+    description: str = Field("", description="what real device this imitates")
+    draft_tokens_per_s: float = Field(0.0, ge=0, le=1e6, description=(
+        "cap on the draft's decode speed (tokens/s), emulated by waiting on a clock after each "
+        "step; 0 = the draft's real speed"))
+    prefill_tokens_per_s: float = Field(0.0, ge=0, le=1e7, description=(
+        "cap on the draft's prefill speed (tokens/s, multi-token extends); 0 = real speed"))
+    profile: DeviceProfile = Field(default_factory=DeviceProfile, description=(
+        "the edge client's device section (energy costs, budget), as in configs/edge.yaml"))
+
+
+class BenchConfig(Settings):
+    edge_config: Path = Field(Path("configs/edge.yaml"), description="edge YAML (draft, client)")
+    edge_overrides: dict[str, Any] = Field(default_factory=dict, description=(
+        "nested overrides of the edge config for every configuration, validated by EdgeConfig"))
+    cloud_config: Path = Field(Path("configs/cloud.yaml"), description="verifier YAML")
+    cloud_overrides: dict[str, Any] = Field(default_factory=dict, description=(
+        "nested overrides of the cloud config; the verifier always binds 127.0.0.1:free port"))
+    channels: tuple[Path, ...] = Field(
+        (Path("configs/channels/lan.yaml"), Path("configs/channels/lte.yaml"),
+         Path("configs/channels/3g.yaml")), min_length=1,
+        description="channel profile files (bench.channel.ChannelProfile), run one after another")
+    devices_dir: Path = Field(Path("configs/devices"), description="where NAME.yaml device "
+                                                                   "profiles live")
+    devices: tuple[str, ...] = Field(("laptop", "phone"), min_length=1,
+                                     description="device profiles (names in devices_dir, or files)")
+    configurations: tuple[str, ...] = Field(ALL_CONFIGURATIONS, min_length=1,
+                                            description="configurations run per channel and device")
+    client_overrides: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: {"adaptive-pipelined": {"adaptive": {"draft_ahead": True,
+                                                                     "send_ahead": 4}}},
+        description=("per configuration, nested overrides of the edge client config "
+                     "(edge.config.ClientConfig), e.g. the adaptive controller's pipelining for "
+                     "adaptive-pipelined"))
+    prompts_file: Path = Field(Path("models/prompts/heldout.jsonl"),
+                               description="held-out code prompts, one JSON object with 'prompt' a line")
+    prompts: int = Field(6, ge=1, le=1000, description="prompts per configuration (the same ones)")
+    prompt_offset: int = Field(0, ge=0, description="index of the first prompt used")
+    max_prompt_chars: int = Field(800, ge=1, le=100_000,
+                                  description="longer prompts keep their last this many characters")
+    max_tokens: int = Field(48, ge=2, le=1024, description="tokens generated per request (eos ignored)")
+    warmup_requests: int = Field(1, ge=0, le=100, description=(
+        "untimed generations per device before its first channel (first passes are slow)"))
+    lte_channel: str = Field("lte", description=(
+        "the LTE channel's name: its adaptive session is plotted over time (k, accepted length, "
+        "RTT) and the LTE goals are measured on it"))
+    goal_rtt_ms: float = Field(20.0, ge=0, description="profiles with a base RTT at least this "
+                                                       "long count for the adaptive-vs-peers goal")
+    pipelining_goal_rtt_ms: float = Field(50.0, ge=0, description="profiles with a base RTT at "
+                                          "least this long count for the pipelining goal")
+
+    @model_validator(mode="after")
+    def _known_configurations(self) -> "BenchConfig":
+        unknown = [c for c in self.configurations if c not in ALL_CONFIGURATIONS and fixed_k(c) is None]
+        if unknown:
+            raise ValueError(f"unknown configurations {unknown}; known: {', '.join(ALL_CONFIGURATIONS)}"
+                             " (or fixed-kN)")
+        if len(set(self.configurations)) != len(self.configurations):
+            raise ValueError("configurations must not repeat")
+        stray = set(self.client_overrides) - set(ALL_CONFIGURATIONS)
+        stray = {s for s in stray if fixed_k(s) is None}
+        if stray:
+            raise ValueError(f"client_overrides for unknown configurations: {sorted(stray)}")
+        return self
+
+
+def load_device(config: BenchConfig, name_or_path: str) -> DeviceSpec:
+    """A device profile by name (devices_dir/NAME.yaml) or by path to a YAML file."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = resolve_path(config.devices_dir) / f"{name_or_path}.yaml"
+    return load_config(resolve_path(path), DeviceSpec)

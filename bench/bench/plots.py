@@ -1,0 +1,61 @@
+"""The bench's PNG plots: tokens/s per configuration and profile, and one adaptive session on
+the LTE trace over time (draft length k, accepted length, round-trip time)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.bench.results import Row
+
+
+def write_plots(out_dir: Path, rows: Sequence[Row], trace: Sequence[dict], trace_title: str) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    profiles = list(dict.fromkeys((r.channel, r.device) for r in rows))
+    configs = list(dict.fromkeys(r.config for r in rows))
+    speed = {(r.channel, r.device, r.config): r.tokens_per_s for r in rows}
+    cols = min(3, len(profiles))
+    nrows = math.ceil(len(profiles) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 3.6 * nrows), squeeze=False)
+    for ax, (channel, device) in zip(axes.flat, profiles):
+        values = [speed.get((channel, device, c), 0.0) for c in configs]
+        colors = ["#d9822b" if c.startswith("adaptive") else "#7a7a7a" if c == "oracle"
+                  else "#3a7dc9" for c in configs]
+        ax.bar(range(len(configs)), values, color=colors)
+        ax.set_xticks(range(len(configs)), configs, rotation=70, ha="right", fontsize=7)
+        ax.set_title(f"{channel} / {device}", fontsize=10)
+        ax.set_ylabel("tokens/s per request")
+    for ax in list(axes.flat)[len(profiles):]:
+        ax.axis("off")
+    fig.suptitle("tandem bench: tokens/s per configuration and profile")
+    fig.tight_layout()
+    path = out_dir / "bench_tokens_per_s.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    fig, (ax_k, ax_rtt) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    t = [r["t_start_s"] for r in trace]
+    ax_k.step(t, [r["k_asked"] for r in trace], where="post", label="k asked")
+    ax_k.plot(t, [r["accepted"] if r["accepted"] is not None else float("nan") for r in trace],
+              "o", ms=3, label="accepted length")
+    ax_k.set_ylabel("tokens")
+    ax_k.legend(loc="upper right", fontsize=8)
+    ax_k.set_title(f"{trace_title} ({len(trace)} rounds)", fontsize=10)
+    ax_rtt.plot(t, [r["rtt_s"] * 1000.0 for r in trace], ".-", label="round trip")
+    ax_rtt.plot(t, [r["server_forward_s"] * 1000.0 for r in trace], ".", label="of it: target pass")
+    ax_rtt.set_ylabel("ms")
+    ax_rtt.set_xlabel("seconds since the generation started")
+    ax_rtt.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "bench_session_trace.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    return written

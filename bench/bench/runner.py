@@ -1,0 +1,255 @@
+"""`tandem bench`: the same held-out prompts through every configuration, channel and device.
+
+  target-only greedy reference per prompt (the target alone, before the verifier starts)
+  verifier (cloud.service, in this process, 127.0.0.1:free port, the same loaded target)
+     ^ gRPC
+  channel emulator per channel profile (bench.channel.ChannelProxy)
+     ^ gRPC
+  one EdgeClient per configuration (its policy lives across the prompts, as in a real edge),
+  all on one draft runtime per device (ThrottledDraft for a slower device)
+
+Per (device, channel) the prompts run in turn and, for each prompt, every configuration, so
+that a drift of this shared machine's load hits all configurations alike. edge-only runs the
+draft alone (no verifier); cloud-only asks the verifier to generate (Plan.cloud_generate); the
+oracle drafts exactly the accepted length known in advance (bench/bench/oracle.py).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from bench.bench.config import BenchConfig, DeviceSpec, fixed_k
+from bench.bench.device import ThrottledDraft, joules
+from bench.bench.oracle import CloudOnly, OraclePolicy, match_runs, target_greedy
+from bench.bench.results import Generation, Row, agreement, goals, rows_of
+from bench.channel import ChannelProfile, ChannelProxy
+from bench.workload import load_prompts
+from cloud.config import CloudConfig
+from cloud.runtime.target import TargetRuntime
+from cloud.service import create_server
+from edge.client import EdgeClient, GenerationRequest
+from edge.config import ClientConfig, EdgeConfig, resolve_paths
+from edge.control.policy import DraftPolicy, FixedK, make_policy
+from edge.drafting import DraftCursor, TokenChooser
+from edge.link import make_channel
+from edge.rounds import GenerationResult
+from edge.runtime import load_draft_runtime
+from edge.runtime.base import DraftRuntime
+from edge.tokenizer import EdgeTokenizer
+from tandem.config import ConfigError, load_config, merge, resolve_path
+from tandem.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+TRACE_FIELDS = ("t_start_s", "k_asked", "drafted", "accepted", "rtt_s", "server_forward_s", "mode")
+
+
+@dataclass
+class BenchResult:
+    generations: list[Generation] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    goals: list = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)   # configuration -> why
+    trace: list[dict] = field(default_factory=list)
+    trace_title: str = ""
+    elapsed_s: float = 0.0
+    outputs: list[Path] = field(default_factory=list)
+
+
+def edge_config_of(config: BenchConfig) -> EdgeConfig:
+    return resolve_paths(load_config(resolve_path(config.edge_config), EdgeConfig, config.edge_overrides))
+
+
+def cloud_config_of(config: BenchConfig) -> CloudConfig:
+    overrides = merge(config.cloud_overrides, {"server": {"host": "127.0.0.1", "port": 0}})
+    return load_config(resolve_path(config.cloud_config), CloudConfig, overrides)
+
+
+def client_config(config: BenchConfig, base: ClientConfig, name: str, device: DeviceSpec) -> ClientConfig:
+    """The edge client config of one configuration on one device."""
+    tree = base.model_dump()
+    k = fixed_k(name)
+    if k is not None:
+        tree = merge(tree, {"policy": "fixed", "draft_length": k})
+    elif name not in ("cloud-only", "edge-only", "oracle"):
+        tree = merge(tree, {"policy": "adaptive" if name.startswith("adaptive") else name})
+    tree = merge(tree, config.client_overrides.get(name, {}))
+    tree = merge(tree, {"device": device.profile.model_dump()})
+    try:
+        return ClientConfig.model_validate(tree)
+    except ValueError as error:
+        raise ConfigError(f"client config of {name}: {error}") from None
+
+
+def build_policy(name: str, client: ClientConfig) -> DraftPolicy:
+    if name == "cloud-only":
+        return CloudOnly()
+    if name == "oracle":
+        return OraclePolicy()
+    if name == "edge-only":
+        return FixedK(0)  # unused: edge-only never talks to the verifier
+    return make_policy(client.policy, client)
+
+
+def available_configurations(config: BenchConfig, base: ClientConfig,
+                             devices: Sequence[DeviceSpec]) -> tuple[list[str], dict[str, str]]:
+    """The configurations this build can run; the others with the reason (e.g. a policy that is
+    not in this version), so that the bench still runs and says what it left out."""
+    ok, skipped = [], {}
+    for name in config.configurations:
+        try:
+            build_policy(name, client_config(config, base, name, devices[0]))
+            ok.append(name)
+        except (ValueError, ConfigError) as error:
+            skipped[name] = str(error)
+    return ok, skipped
+
+
+def run_edge_only(draft: DraftRuntime, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], float, float]:
+    """The draft alone, greedy, token by token: (tokens, wall_s, ttft_s)."""
+    cursor = DraftCursor(draft)
+    chooser = TokenChooser(SamplingParams(), q_scale=1)
+    context = list(prompt_ids)
+    out: list[int] = []
+    t0 = time.monotonic()
+    ttft = 0.0
+    while len(out) < max_tokens and len(context) < draft.n_ctx:
+        block = cursor.draft(context, 1, chooser, vocab_size=draft.vocab_size, max_entries=1)
+        out += block.tokens
+        context += block.tokens
+        if len(out) == 1:
+            ttft = time.monotonic() - t0
+    return out, time.monotonic() - t0, ttft
+
+
+def from_result(result: GenerationResult, keep_rounds: bool) -> dict:
+    log_ = result.rounds_log
+    return dict(tokens=len(result.token_ids), wall_s=result.wall_s, ttft_s=result.ttft_s,
+                accepted=sum(result.accepted_lengths), rounds=result.rounds,
+                target_passes=result.target_passes, bytes_up=result.bytes_up,
+                bytes_down=result.bytes_down, draft_tokens=sum(r.drafted for r in log_),
+                rounds_log=[{f: getattr(r, f) for f in TRACE_FIELDS} for r in log_] if keep_rounds else [])
+
+
+def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: Sequence[DeviceSpec],
+              json_path: Path | None = None, plots_dir: Path | None = None,
+              progress: bool = True, on_generation: Callable[[Generation], None] | None = None) -> BenchResult:
+    from bench.bench.plots import write_plots
+    from bench.bench.results import write_json
+
+    started = time.monotonic()
+    result = BenchResult()
+    edge = edge_config_of(config)
+    cloud = cloud_config_of(config)
+    names, result.skipped = available_configurations(config, edge.client, devices)
+    for name, why in result.skipped.items():
+        log.warning("skipping %s: %s", name, why)
+    tokenizer = EdgeTokenizer(edge.draft.resolved_tokenizer_dir)
+    texts = load_prompts(resolve_path(config.prompts_file), config.prompts + config.warmup_requests,
+                         config.prompt_offset, config.max_prompt_chars)
+    prompts = [tokenizer.encode(t) for t in texts[:config.prompts]]
+    warmups = [tokenizer.encode(t) for t in texts[config.prompts:]]
+
+    target = TargetRuntime(resolve_path(cloud.model.path), device=cloud.model.device, dtype=cloud.model.dtype)
+    references = [target_greedy(target, p, config.max_tokens) for p in prompts]
+    base_draft = load_draft_runtime(edge.draft)
+    runs = [match_runs(base_draft, p, ref, target.vocab_size) for p, ref in zip(prompts, references)]
+    server, port = create_server(cloud, target)
+    server.start()
+    total = len(devices) * len(channels) * len(prompts) * len(names)
+    bar = tqdm(total=total, unit="gen", disable=not progress, leave=False)
+    try:
+        for device in devices:
+            draft: DraftRuntime = base_draft
+            if device.draft_tokens_per_s or device.prefill_tokens_per_s:
+                draft = ThrottledDraft(base_draft, device.draft_tokens_per_s, device.prefill_tokens_per_s)
+            _warm_up(edge, port, draft, warmups, config.max_tokens)
+            for profile in channels:
+                bar.set_description(f"{profile.name}/{device.name}")
+                with ChannelProxy(profile, upstream=("127.0.0.1", port)) as proxy:
+                    host, proxy_port = proxy.address
+                    channel = make_channel(edge.cloud, f"{host}:{proxy_port}")
+                    try:
+                        clients = {}
+                        for name in names:
+                            cc = client_config(config, edge.client, name, device)
+                            clients[name] = EdgeClient(channel, draft, cc, policy=build_policy(name, cc))
+                        for i, prompt in enumerate(prompts):
+                            for name in names:
+                                g = _one(config, name, clients[name], draft, device, profile.name,
+                                         i, prompt, references[i], runs[i])
+                                result.generations.append(g)
+                                if on_generation is not None:
+                                    on_generation(g)
+                                bar.update(1)
+                    finally:
+                        channel.close()
+    finally:
+        bar.close()
+        server.stop(0).wait(30)
+        base_draft.close()
+
+    result.rows = rows_of(result.generations)
+    rtt = {p.name: 2.0 * p.delay_ms for p in channels}
+    phone = next((d.name for d in devices if d.name == "phone"), devices[-1].name)
+    result.goals = goals(result.rows, rtt, lte_channel=config.lte_channel, phone_device=phone,
+                         peer_rtt_ms=config.goal_rtt_ms, pipelining_rtt_ms=config.pipelining_goal_rtt_ms)
+    result.trace, result.trace_title = _session_trace(result.generations, config.lte_channel)
+    result.elapsed_s = time.monotonic() - started
+    if json_path is not None:
+        write_json(json_path, result.rows, result.goals, {
+            "config": config.model_dump(mode="json"),
+            "channels": {p.name: p.model_dump(mode="json") for p in channels},
+            "devices": {d.name: d.model_dump(mode="json") for d in devices},
+            "skipped": result.skipped, "elapsed_s": result.elapsed_s,
+            "trace": {"title": result.trace_title, "rounds": result.trace}})
+        result.outputs.append(json_path)
+    if plots_dir is not None and result.rows:
+        result.outputs += write_plots(plots_dir, result.rows, result.trace, result.trace_title)
+    return result
+
+
+def _one(config: BenchConfig, name: str, client: EdgeClient, draft: DraftRuntime, device: DeviceSpec,
+         channel: str, index: int, prompt: list[int], reference: list[int], runs: list[int]) -> Generation:
+    draft.rollback(0)  # every cursor on this runtime re-syncs from scratch (no stale cache)
+    if name == "edge-only":
+        tokens, wall_s, ttft_s = run_edge_only(draft, prompt, config.max_tokens)
+        stats = dict(tokens=len(tokens), wall_s=wall_s, ttft_s=ttft_s, draft_tokens=len(tokens))
+    else:
+        if isinstance(client.policy, OraclePolicy):
+            client.policy.runs = runs
+        res = client.generate(GenerationRequest(prompt, config.max_tokens))
+        tokens = res.token_ids
+        stats = from_result(res, keep_rounds=name.startswith("adaptive") and channel == config.lte_channel)
+    g = Generation(channel=channel, device=device.name, config=name, prompt=index, **stats)
+    g.joules = joules(device.profile, g.draft_tokens, g.bytes_up, g.bytes_down)
+    g.agreement = agreement(tokens, reference)
+    return g
+
+
+def _warm_up(edge: EdgeConfig, port: int, draft: DraftRuntime, prompts: Sequence[list[int]],
+             max_tokens: int) -> None:
+    """Untimed generations straight to the verifier: first passes are slow everywhere."""
+    channel = make_channel(edge.cloud, f"127.0.0.1:{port}")
+    try:
+        client = EdgeClient(channel, draft, edge.client, policy=FixedK(4))
+        for prompt in prompts:
+            draft.rollback(0)
+            client.generate(GenerationRequest(prompt, max_tokens))
+    finally:
+        channel.close()
+
+
+def _session_trace(generations: Sequence[Generation], channel: str) -> tuple[list[dict], str]:
+    """The adaptive session with the most rounds on the LTE channel (pipelined preferred)."""
+    for name in ("adaptive-pipelined", "adaptive"):
+        found = [g for g in generations if g.config == name and g.channel == channel and g.rounds_log]
+        if found:
+            g = max(found, key=lambda g: len(g.rounds_log))
+            return g.rounds_log, f"{name} on {channel}, {g.device}, prompt {g.prompt}"
+    return [], f"no adaptive session on {channel}"
