@@ -119,7 +119,7 @@ def _fixed(config: "ClientConfig") -> DraftPolicy:
 def _load_builtin() -> None:
     """Import the modules that register the other built-in policies (lazily: no import cycle)."""
     import importlib
-    for module in ("edge.control.adaptive", "edge.control.peers"):
+    for module in ("edge.control.adaptive", "edge.control.peers", "edge.control.entropy"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as error:

@@ -24,7 +24,7 @@ from safetensors import safe_open
 
 from models.export.hf_source import BpeVocab, LlamaShape, UnsupportedModel, read_bpe_vocab, read_llama_shape
 
-DEFAULT_NAME = "tandem-draft-f32.gguf"
+DEFAULT_NAME = "{model}-f32.gguf"  # {model}: the HF directory's name
 
 
 def permute_for_rope(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -125,7 +125,7 @@ def _write_tokenizer(writer: gguf.GGUFWriter, shape: LlamaShape, vocab: BpeVocab
 
 def export_gguf(hf_dir: Path, out: Path | None = None) -> Path:
     hf_dir = Path(hf_dir)
-    out = Path(out) if out is not None else hf_dir / DEFAULT_NAME
+    out = Path(out) if out is not None else hf_dir / DEFAULT_NAME.format(model=hf_dir.name)
     shape = read_llama_shape(hf_dir)
     vocab = read_bpe_vocab(hf_dir, shape.vocab_size, shape.bos_token_id)
     tensors = gguf_tensors(read_safetensors(hf_dir), shape)

@@ -30,7 +30,7 @@ from transformers.cache_utils import DynamicLayer
 
 from models.export.hf_source import read_llama_shape
 
-DEFAULT_NAME = "tandem-draft.onnx"
+DEFAULT_NAME = "{model}.onnx"  # {model}: the HF directory's name
 OPSET = 17
 
 
@@ -91,7 +91,7 @@ def _pin_batch_dim(graph: onnx.ModelProto) -> None:
 
 def export_onnx(hf_dir: Path, out: Path | None = None) -> Path:
     hf_dir = Path(hf_dir)
-    out = Path(out) if out is not None else hf_dir / DEFAULT_NAME
+    out = Path(out) if out is not None else hf_dir / DEFAULT_NAME.format(model=hf_dir.name)
     shape = read_llama_shape(hf_dir)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
     wrapper = CachedDecoder(model).eval()

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from models.train import data
-from models.train.presets import PRESETS
+from models.train.presets import DISTILLED, PRESETS
 
 log = logging.getLogger("tandem.train")
 
@@ -77,7 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--role", choices=sorted(PRESETS), required=True)
     parser.add_argument("--tokenizer", type=Path, default=Path("models/tokenizer"))
-    parser.add_argument("--teacher", type=Path, help="HF directory of the target (draft only)")
+    parser.add_argument("--teacher", type=Path, help="HF directory of the target (distilled roles)")
     parser.add_argument("--out", type=Path, help="default: models/<preset name>")
     parser.add_argument("--cache", type=Path, default=Path("models/.cache"))
     parser.add_argument("--minutes", type=float, default=45.0, help="wall-clock budget")
@@ -108,9 +108,9 @@ def main() -> None:
 
     model = LlamaForCausalLM(preset.llama_config(len(tokenizer), tokenizer.eos_token_id))
     teacher = None
-    if args.role == "draft":
+    if args.role in DISTILLED:
         if args.teacher is None:
-            parser.error("--teacher is required for the draft (it is distilled from the target)")
+            parser.error(f"--teacher is required for the {args.role} (it is distilled from the target)")
         teacher = AutoModelForCausalLM.from_pretrained(str(args.teacher), dtype=torch.float32).eval()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
 

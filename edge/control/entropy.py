@@ -1,0 +1,115 @@
+"""The entropy switch: which local model drafts, how far, and (in fast mode) whether the cloud
+verifies, chosen from the rolling entropy of the draft's own distributions.
+
+Most code is easy to predict and some of it is not. The rolling mean of the draft's per-position
+entropy (nats) over the last `window` drafted positions tells the two apart. Two thresholds with
+hysteresis and a minimum dwell keep the state from flapping:
+
+    easy --(rolling >= enter_hard and dwell >= min_dwell_rounds)--> hard
+    hard --(rolling <= exit_hard  and dwell >= min_dwell_rounds)--> easy
+
+(dwell = rounds since the last switch). In the easy state the cheapest rung of the ladder
+drafts k = client.draft_length tokens; in the hard state the strongest rung drafts and k is capped at
+`hard_max_k`, because long blocks are mostly rejected there. In `lossless` mode every block is
+still verified, so the switch changes only speed and cost. In `fast` mode the easy state's
+blocks are emitted unverified (Plan.verify = False); the round loop bounds how many tokens in a
+row go unverified (max_unverified_run), whatever a policy asks for.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+
+from edge.config import EntropySwitchConfig, SwitchState
+from edge.control.policy import Plan, RoundView, register_policy
+from edge.rounds import RoundRecord
+
+State = SwitchState
+
+
+class EntropySwitch:
+    """Two-state switch over the rolling draft entropy; a DraftPolicy (plan / update).
+
+    `ladder`: the local model names, cheapest first; None = the view's `drafters` at each plan.
+    One object serves every generation of its client: the state restarts at each generation's
+    first round (view.round == 0), since the entropy describes that generation's text.
+
+    Plan.verify is False in the easy state: the round loop honours that only for a `fast`
+    request (a lossless request verifies every block whatever the policy says), and bounds
+    the unverified run.
+    """
+
+    def __init__(self, config: EntropySwitchConfig, k: int,
+                 ladder: Sequence[str] | None = None) -> None:
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        self.config = config
+        self.k = k                                       # draft length in the easy state
+        self.ladder = tuple(ladder) if ladder else None
+        if self.ladder is not None:
+            self._check_ladder(self.ladder)
+        self.reset()
+
+    def reset(self) -> None:
+        self.state: State = self.config.start_state
+        self.dwell = 0                                   # rounds since the last switch
+        self.window: deque[float] = deque(maxlen=self.config.window)
+        self.switches = 0
+
+    def _check_ladder(self, ladder: Sequence[str]) -> None:
+        for name in (self.config.easy_drafter, self.config.hard_drafter):
+            if name is not None and name not in ladder:
+                raise ValueError(f"drafter {name!r} is not in the ladder {list(ladder)}")
+
+    def drafter(self, state: State, ladder: Sequence[str]) -> str | None:
+        """The model for `state`: the configured one, else the cheapest (easy) or the strongest
+        (hard) rung; None when there is no ladder (the loop's default drafter)."""
+        named = self.config.easy_drafter if state == "easy" else self.config.hard_drafter
+        if named is not None or not ladder:
+            return named
+        return ladder[0] if state == "easy" else ladder[-1]
+
+    @property
+    def rolling(self) -> float | None:
+        """Mean entropy over the window, None before any drafted position."""
+        return sum(self.window) / len(self.window) if self.window else None
+
+    def observe(self, entropies: Sequence[float]) -> State:
+        """One round's per-position draft entropies in; the state for the next round out."""
+        self.window.extend(e for e in entropies if math.isfinite(e))
+        self.dwell += 1
+        rolling = self.rolling
+        if rolling is None or self.dwell < self.config.min_dwell_rounds:
+            return self.state
+        if self.state == "easy" and rolling >= self.config.enter_hard:
+            self._switch("hard")
+        elif self.state == "hard" and rolling <= self.config.exit_hard:
+            self._switch("easy")
+        return self.state
+
+    def _switch(self, state: State) -> None:
+        self.state = state
+        self.dwell = 0
+        self.switches += 1
+
+    # ---- DraftPolicy ------------------------------------------------------------------------
+
+    def plan(self, view: RoundView) -> Plan:
+        if view.round == 0:
+            self.reset()
+        ladder = self.ladder or tuple(d for d in view.drafters if d)
+        if self.ladder is None and ladder:
+            self._check_ladder(ladder)
+        hard = self.state == "hard"
+        k = min(self.k, self.config.hard_max_k) if hard else self.k
+        return Plan(k=min(k, view.max_k), drafter=self.drafter(self.state, ladder), verify=hard)
+
+    def update(self, record: RoundRecord) -> None:
+        """Feed one finished round to the state machine."""
+        self.observe(record.entropies)
+
+
+@register_policy("entropy")
+def _entropy(config) -> EntropySwitch:
+    return EntropySwitch(config.entropy, k=config.draft_length)
