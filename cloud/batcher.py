@@ -7,6 +7,7 @@ jobs (prefills) run alone so that a 1000-token prompt never pads a batch of 9-to
 """
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -62,6 +63,7 @@ class Batcher:
         self._closed = threading.Event()
         self.batches_run = 0
         self.largest_batch = 0
+        self.size_counts: collections.Counter[int] = collections.Counter()  # jobs per pass
         self._worker = threading.Thread(target=self._run, name="tandem-batcher", daemon=True)
         self._worker.start()
 
@@ -72,6 +74,10 @@ class Batcher:
         job = _Job(state, tokens, alone)
         self._queue.put(job)
         return job.future
+
+    def pending(self) -> int:
+        """Jobs queued and not yet taken by the worker (approximate: a snapshot)."""
+        return self._queue.qsize()
 
     def close(self, timeout: float | None = None) -> None:
         """Run what is already queued, then stop the worker."""
@@ -136,6 +142,7 @@ class Batcher:
         forward_ms = (time.perf_counter() - started) * 1000.0
         self.batches_run += 1
         self.largest_batch = max(self.largest_batch, len(batch))
+        self.size_counts[len(batch)] += 1  # read by Info (load reports); ints, no lock needed
         for job, logits in zip(batch, outputs):
             job.future.set_result(ForwardResult(
                 logits=logits, queue_ms=(started - job.submitted) * 1000.0,

@@ -1,0 +1,109 @@
+"""The target-backend interface: what the verifier engine needs from whatever runs the target.
+
+The engine (cloud/engine.py) owns sessions, limits and the acceptance test; a backend only runs
+the target. Two implement it:
+
+  torch  cloud/runtime/torch_backend.py  the embedded default: transformers in this process,
+                                         per-session KV caches, the batcher's padded passes
+  vllm   cloud/runtime/vllm_backend.py   a vLLM AsyncLLM engine: paged KV cache, continuous
+                                         batching, prefix caching, tensor/pipeline/data parallel
+
+A session's life on a backend:
+  state = backend.new_state(params)                        open (sampling fixed for its life)
+  backend.submit(state, context[:-1], alone=True, rows=0)     prefill
+  backend.submit(state, [pending] + block, rows=k + 1)       score a block: [k + 1, vocab]
+  backend.rollback(state, start + accepted)                keep the accepted prefix only
+  backend.release(state)                                   evicted or closed
+
+Rows are float32 logits. A backend may leave -inf on ids the session's warp can never give
+mass to (vLLM returns only what the session needs: the argmax for greedy, the top_k for
+top-k sampling); the warp (tandem.sampling.warp) and the greedy test then give exactly what
+the full row would. A setting the backend cannot score exactly is refused at Open by
+check_sampling, naming the setting; it is never approximated.
+"""
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tandem.sampling import SamplingParams
+
+
+class BackendState(Protocol):
+    """A session's target-side state: what has been fed (`length` positions) and whatever the
+    backend keeps for it (a KV cache, or only the token ids when the engine caches by prefix)."""
+
+    @property
+    def length(self) -> int: ...
+
+    def release(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What a backend reports about itself (Info, logs, metrics, benchmarks)."""
+    kind: str                 # "torch" | "vllm"
+    device: str               # e.g. "cpu", "cuda:0", "cpu x1 (vllm)"
+    in_flight: int            # scoring requests running or queued now
+    passes: int               # batched passes (torch) or engine requests (vllm) so far
+    details: dict[str, Any]   # backend-specific, plain values only
+
+
+class TargetBackend(abc.ABC):
+    """Runs the target for the engine. submit() is thread-safe; everything else is called by
+    the one thread that holds the session (the engine never scores a session twice at once)."""
+
+    kind: str
+    name: str               # served model name (Info.model; Open.model must match)
+    fingerprint: str        # tokenizer fingerprint (tandem.fingerprint)
+    vocab_size: int
+    max_context: int        # most positions a session may hold on this backend
+    bytes_per_token: int    # KV bytes one position costs (what the session table charges)
+    device: str
+    dtype: str
+
+    @abc.abstractmethod
+    def new_state(self, params: SamplingParams) -> BackendState:
+        """An empty state for a session that samples with `params` (checked already)."""
+
+    @abc.abstractmethod
+    def submit(self, state: BackendState, tokens: Sequence[int], *, alone: bool = False,
+               rows: int | None = None) -> Future:
+        """Append tokens to the session; the future resolves to a cloud.batcher.ForwardResult
+        whose logits are [len(tokens), vocab], row j = the distribution after tokens[j].
+        rows = how many of the last rows the caller reads (None = all): a backend may leave the
+        others NaN; rows=0 (a prefill nobody reads) may give [0, vocab]. alone=True: a long
+        job (prefill) that should not share a pass with rounds."""
+
+    @abc.abstractmethod
+    def rollback(self, state: BackendState, length: int) -> None:
+        """Drop every position >= length."""
+
+    def release(self, state: BackendState) -> None:
+        state.release()
+
+    def check_sampling(self, params: SamplingParams) -> None:
+        """Raise cloud.errors.InvalidRequest naming the setting when this backend cannot score
+        `params` exactly. Default: every setting tandem.sampling knows is exact."""
+
+    @abc.abstractmethod
+    def info(self) -> BackendInfo: ...
+
+    @abc.abstractmethod
+    def close(self, timeout: float | None = None) -> None:
+        """Finish what is queued, then stop; submit() afterwards raises Unavailable."""
+
+
+def load_target(config) -> Any:
+    """The target config.model names, on config.model.backend: a TargetRuntime for torch (the
+    engine puts the torch backend around it), a VllmBackend for vllm. config: CloudConfig."""
+    model = config.model
+    if model.backend == "vllm":
+        from cloud.runtime.vllm_backend import VllmBackend  # imports vLLM: only when chosen
+        return VllmBackend(model, config.vllm)
+    from cloud.runtime.target import TargetRuntime
+    return TargetRuntime(model.resolved_path(), model.device, model.dtype,
+                         name=model.name or None)
