@@ -127,6 +127,10 @@ class EntropySwitchConfig(Settings):
                                                    "in fast mode, verifies it")
     hard_max_k: int = Field(3, ge=0, le=64, description="most draft tokens per round in the "
                                                         "hard state")
+    fast_min_confidence: float = Field(
+        0.5, ge=0, le=1, description="fast mode: an unverified span ends before the first "
+                                     "position whose draft top probability is below this; from "
+                                     "there the block goes to the verifier")
     easy_drafter: str | None = Field(None, description="ladder model that drafts easy text; "
                                                        "None = the first (cheapest) rung")
     hard_drafter: str | None = Field(None, description="ladder model that drafts hard text; "

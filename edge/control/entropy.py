@@ -103,7 +103,10 @@ class EntropySwitch:
             self._check_ladder(ladder)
         hard = self.state == "hard"
         k = min(self.k, self.config.hard_max_k) if hard else self.k
-        return Plan(k=min(k, view.max_k), drafter=self.drafter(self.state, ladder), verify=hard)
+        # min_confidence only matters for a skippable block: the loop cuts the unverified span
+        # before the first unsure position (see edge/loop.py, fast mode).
+        return Plan(k=min(k, view.max_k), drafter=self.drafter(self.state, ladder), verify=hard,
+                    min_confidence=0.0 if hard else self.config.fast_min_confidence)
 
     def update(self, record: RoundRecord) -> None:
         """Feed one finished round to the state machine."""
