@@ -104,7 +104,11 @@ def sample_inverse_cdf(weights: torch.Tensor,  # [vocab] non-negative, not neces
     if not total > 0:
         raise InvalidRequest("cannot sample from a distribution with no mass")
     target = torch.tensor([uniform * float(total)], dtype=torch.float64)
-    return int(torch.searchsorted(cdf, target, right=True).clamp_max(len(cdf) - 1))
+    index = int(torch.searchsorted(cdf, target, right=True))
+    if index >= len(cdf):
+        # uniform * total rounded up to the total: the last id that has mass, never a 0 one.
+        index = int((weights > 0).nonzero()[-1])
+    return index
 
 
 def _check_block(draft_tokens: torch.Tensor, scores_shape: torch.Size, name: str) -> int:

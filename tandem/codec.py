@@ -62,6 +62,10 @@ def quantize(probs: torch.Tensor, max_entries: int = DEFAULT_MAX_ENTRIES,
     """
     if probs.dim() != 1:
         raise ValueError(f"expected [vocab] probabilities, got shape {tuple(probs.shape)}")
+    # A NaN or negative entry, or no mass at all, would quantize to garbage or to an empty q:
+    # refuse it here rather than let a token be drawn from it.
+    if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()) or not probs.sum() > 0:
+        raise InvalidDistribution("probabilities must be finite, non-negative and not all zero")
     top = torch.topk(probs.double(), min(max_entries, probs.shape[0]))
     weights = torch.round(top.values / top.values[0] * scale).long()
     keep = weights > 0

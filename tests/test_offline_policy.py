@@ -1,0 +1,132 @@
+"""The offline policy's parts on a fake clock: RTT-derived deadlines, the circuit breaker's
+closed / open / half-open cycle with probes by time and by tokens, the monitor's wake-up and an
+overloaded verifier's retry hint; and the error classification of the edge."""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from edge.control.offline import BreakerState, CircuitBreaker, OfflineSettings, RttEstimator
+from edge.link_errors import FailureKind, IdentityMismatch, check_identity, classify
+from tandem.v1 import decoding_pb2 as pb
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+SETTINGS = OfflineSettings(deadline_floor_s=0.2, deadline_ceiling_s=8.0, deadline_margin=2.0,
+                           open_deadline_s=5.0, probe_interval_s=0.25, max_probe_interval_s=1.0,
+                           probe_tokens=16)
+
+
+def test_deadline_follows_the_measured_link_and_the_servers_time():
+    rtt = RttEstimator(SETTINGS)
+    assert rtt.round_deadline(4) == SETTINGS.deadline_ceiling_s  # nothing measured yet
+    for _ in range(20):
+        rtt.observe(rtt_s=0.050, k=4, server_s=0.010)  # 40 ms network, 2 ms per position
+    # 2 * (srtt 40 ms + 4 * rttvar ~0 + 5 positions * 2 ms) = ~100 ms, floored at 200 ms.
+    assert rtt.round_deadline(4) == pytest.approx(0.2)
+    slow = RttEstimator(SETTINGS)
+    for _ in range(20):
+        slow.observe(rtt_s=0.400, k=4, server_s=0.050)
+    assert slow.round_deadline(4) == pytest.approx(2 * (0.350 + 0.050), rel=0.05)
+    # Jitter widens it (rttvar), but never past the ceiling.
+    jittery = RttEstimator(SETTINGS)
+    for i in range(40):
+        jittery.observe(rtt_s=0.1 if i % 2 else 1.5, k=4, server_s=0.0)
+    assert slow.round_deadline(4) < jittery.round_deadline(4) <= SETTINGS.deadline_ceiling_s
+
+
+def test_breaker_opens_on_failure_probes_by_time_with_backoff_and_closes_on_success():
+    clock = FakeClock()
+    breaker = CircuitBreaker(SETTINGS, clock)
+    assert breaker.closed and not breaker.probe_due()
+    breaker.failure("verifier unreachable")
+    assert breaker.state is BreakerState.OPEN and breaker.reason == "verifier unreachable"
+    assert not breaker.probe_due()
+    clock.now += 0.25
+    assert breaker.probe_due() and breaker.state is BreakerState.HALF_OPEN
+    breaker.failure("still down")                    # the probe failed: wait twice as long
+    clock.now += 0.3
+    assert not breaker.probe_due()
+    clock.now += 0.2
+    assert breaker.probe_due()
+    for _ in range(5):                                # the interval stops doubling at 1 s
+        breaker.failure("down")
+    clock.now += 1.0
+    assert breaker.probe_due()
+    breaker.success()
+    assert breaker.closed and breaker.failures == 0
+    breaker.failure("down again")                     # a new outage starts from 0.25 s again
+    clock.now += 0.25
+    assert breaker.probe_due()
+
+
+def test_breaker_probes_by_tokens_and_at_once_when_the_monitor_sees_the_link_up():
+    clock = FakeClock()
+    breaker = CircuitBreaker(SETTINGS, clock)
+    breaker.failure("down")
+    breaker.local_tokens(15)
+    assert not breaker.probe_due()
+    breaker.local_tokens(1)
+    assert breaker.probe_due()
+    breaker.failure("down")
+    assert not breaker.probe_due()
+    breaker.link_up()
+    assert breaker.probe_due()
+
+
+def test_an_overloaded_verifiers_retry_hint_is_the_earliest_probe():
+    clock = FakeClock()
+    breaker = CircuitBreaker(SETTINGS, clock)
+    breaker.failure("verifier overloaded", retry_after_s=2.5)
+    clock.now += 2.4
+    assert not breaker.probe_due() and breaker.seconds_to_probe() == pytest.approx(0.1)
+    clock.now += 0.11
+    assert breaker.probe_due()
+
+
+@pytest.mark.parametrize("code, details, kind, names", [
+    (grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; last error: "
+     "UNAVAILABLE: ipv4:127.0.0.1:1: Connection refused", FailureKind.OUTAGE, "unreachable"),
+    (grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; last error: UNKNOWN: "
+     "ipv4:127.0.0.1:1: Ssl handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:"
+     "100000f7:SSL routines:OPENSSL_internal:WRONG_VERSION_NUMBER", FailureKind.MISCONFIGURED,
+     "TLS"),
+    (grpc.StatusCode.UNAVAILABLE, "CERTIFICATE_VERIFY_FAILED", FailureKind.MISCONFIGURED, "TLS"),
+    (grpc.StatusCode.UNAUTHENTICATED, "missing API key", FailureKind.MISCONFIGURED,
+     "authentication"),
+    (grpc.StatusCode.PERMISSION_DENIED, "API key not accepted", FailureKind.MISCONFIGURED,
+     "not accepted"),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, "all 32 stream slots", FailureKind.OVERLOADED,
+     "overloaded"),
+    (grpc.StatusCode.FAILED_PRECONDITION, "tokenizer fingerprint 'x' does not match",
+     FailureKind.MISCONFIGURED, "tokenizer"),
+    (grpc.StatusCode.NOT_FOUND, "model 'x' is not served here", FailureKind.MISCONFIGURED,
+     "wrong model"),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, "", FailureKind.OUTAGE, "unreachable"),
+    (grpc.StatusCode.INVALID_ARGUMENT, "top_p", FailureKind.MISCONFIGURED, "refused"),
+])
+def test_errors_are_told_apart_from_outages(code, details, kind, names):
+    failure = classify(code, details, retry_after_s=1.5)
+    assert failure.kind is kind
+    assert names in failure.message
+    assert (failure.retry_after_s == 1.5) == (kind is FailureKind.OVERLOADED)
+
+
+def test_identity_checks_pin_and_mid_generation_change():
+    a = pb.TargetIdentity(name="tandem-target", digest="sha256:aaaa")
+    b = pb.TargetIdentity(name="tandem-draft", digest="sha256:bbbb")
+    check_identity(a, "", None)
+    check_identity(a, "sha256:aaaa", "sha256:aaaa")
+    with pytest.raises(IdentityMismatch, match="serves tandem-draft .* pins sha256:aaaa"):
+        check_identity(b, "sha256:aaaa", None)
+    with pytest.raises(IdentityMismatch, match="now serves tandem-draft"):
+        check_identity(b, "", "sha256:aaaa")
+    with pytest.raises(IdentityMismatch, match="does not report"):
+        check_identity(None, "sha256:aaaa", None)
