@@ -34,6 +34,7 @@ from edge.config import ClientConfig, CloudLinkConfig
 from edge.link import make_channel
 from edge.runtime import DraftConfig, MissingBackend, load_draft_runtime
 from edge.tokenizer import EdgeTokenizer
+from tandem import metrics
 from tandem.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,12 +63,12 @@ class Row:
 
     @property
     def tau(self) -> float:
-        return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
+        return metrics.tau(self.accepted, self.rounds)
 
     def derived(self) -> dict:
         return {"mean_accepted_length": self.tau,
-                "passes_per_token": self.target_passes / self.tokens,
-                "acceptance_rate": self.accepted / max(self.drafted_tokens, 1),
+                "passes_per_token": metrics.passes_per_token(self.target_passes, self.tokens),
+                "acceptance_rate": metrics.acceptance_rate(self.accepted, self.drafted_tokens),
                 "uplink_bytes_per_drafted_token": self.draft_bytes_up / max(self.drafted_tokens, 1),
                 "bytes_up_per_token": self.bytes_up / self.tokens,
                 "bytes_down_per_token": self.bytes_down / self.tokens,

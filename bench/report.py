@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.workload import RequestRecord
+from tandem import metrics
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,9 @@ def summarize(name: str, records: Sequence[RequestRecord], wall_s: float) -> Run
         tokens_per_s=statistics.fmean(r.tokens_per_s for r in ok) if ok else 0.0,
         throughput_tok_s=tokens / wall_s if wall_s > 0 else 0.0,
         ttft_ms=statistics.fmean(ttfts) * 1000.0 if ttfts else None,
-        mean_accepted_length=1.0 + accepted / rounds if rounds else 1.0,
-        target_passes_per_token=sum(s["target_passes"] for s in stats) / tokens if tokens else 0.0,
+        mean_accepted_length=metrics.tau(accepted, rounds),
+        target_passes_per_token=metrics.passes_per_token(sum(s["target_passes"] for s in stats),
+                                                         tokens),
         bytes_per_token=sum(s["bytes_up"] + s["bytes_down"] for s in stats) / tokens if tokens else 0.0,
         verified_share=verified / emitted if emitted else 0.0,
         reopens=sum(s["reopens"] for s in stats))

@@ -8,6 +8,7 @@ round's rollback (to the accepted prefix), re-opens and local decoding alike.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +24,10 @@ class Block:
     """The k draft tokens of one round and, when sampling, the q each was drawn from."""
     tokens: list[int] = field(default_factory=list)
     q: list[SparseDist] = field(default_factory=list)  # len(tokens) entries, or [] for greedy
+    confidences: list[float] = field(default_factory=list)  # draft top prob per position
+    entropies: list[float] = field(default_factory=list)    # draft entropy (nats) per position
+    end_reason: str = "length"  # "length" | "confidence" | "stop_id" | "zero" (k = 0)
+    draft_s: float = 0.0        # time spent drafting it
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -85,24 +90,46 @@ class DraftCursor:
         self.next_logits = logits[-1]
 
     def draft(self, context: Sequence[int], k: int, chooser: TokenChooser, *, vocab_size: int,
-              max_entries: int, stop_ids: frozenset[int] = frozenset()) -> Block:
-        """Draft up to k tokens after `context`; the block ends early at a stop id.
+              max_entries: int, stop_ids: frozenset[int] = frozenset(),
+              min_confidence: float = 0.0) -> Block:
+        """Draft up to k tokens after `context`; the block ends early at a stop id, or before a
+        position whose top probability is below min_confidence (llama.cpp's draft-p-min; that
+        token is not drafted, so the chooser's RNG is not touched).
 
         Only ids below vocab_size are drafted (a draft with a padded vocabulary must not propose
         ids the target does not have). Feeds k - 1 tokens: the last one needs no logits.
         """
+        t0 = time.perf_counter()
         self.sync(context)
-        block = Block()
+        block = Block(end_reason="length" if k > 0 else "zero")
         for i in range(k):
-            token, q = chooser.choose(self.next_logits[:vocab_size], max_entries)
+            logits = self.next_logits[:vocab_size]
+            confidence, entropy = confidence_entropy(logits)
+            if i > 0 and confidence < min_confidence:
+                block.end_reason = "confidence"
+                break
+            token, q = chooser.choose(logits, max_entries)
             block.tokens.append(token)
+            block.confidences.append(confidence)
+            block.entropies.append(entropy)
             if q is not None:
                 block.q.append(q)
-            if token in stop_ids or i == k - 1:
+            if token in stop_ids:
+                block.end_reason = "stop_id"
+                break
+            if i == k - 1:
                 break
             self.next_logits = self.runtime.extend([token])[-1]
             self.tokens.append(token)
+        block.draft_s = time.perf_counter() - t0
         return block
+
+
+def confidence_entropy(logits: torch.Tensor) -> tuple[float, float]:
+    """[vocab] logits -> (top probability, entropy in nats) of the draft's own distribution."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    p = logp.exp()
+    return float(p.max()), float(-(p * logp).nan_to_num().sum())
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -1,11 +1,30 @@
-"""The gRPC channel to the verifier and the metadata every call carries (API key)."""
+"""The verifier link: the gRPC channel and its metadata (API key), and `VerifierLink`, one
+generation's session with the verifier (open, send a block without waiting, await its verdict,
+byte counting, error classes).
+
+Error classes the round loop tells apart:
+  LinkDown (edge.session_stream)  outage: the stream broke or timed out -> reconnect / offline
+  Evicted                         overload: the server dropped our state -> re-open
+  VerifierRefused                 configuration / identity (bad key, fingerprint, request):
+                                  retrying cannot help -> raised to the caller
+  Stopped                         the caller stopped the generation while the link waited
+"""
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import grpc
 
 from edge.config import CloudLinkConfig
+from edge.drafting import Block
+from edge.session_stream import LinkDown, ProtocolError, RecvTimeout, SessionStream
+from tandem.codec import to_proto
+from tandem.sampling import SamplingParams
+from tandem.v1 import decoding_pb2 as pb
+from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
 
 def api_key(link: CloudLinkConfig) -> str:
@@ -26,6 +45,14 @@ def channel_options(link: CloudLinkConfig) -> list[tuple[str, int | str]]:
         ("grpc.min_reconnect_backoff_ms", int(link.reconnect_backoff_s * 1000)),
         ("grpc.max_reconnect_backoff_ms", int(link.max_reconnect_backoff_s * 1000)),
     ]
+    if link.keepalive_s > 0:
+        # HTTP/2 pings, also while idle: a NAT or a mobile link that silently dropped the
+        # connection is noticed within keepalive_s + keepalive_timeout_s, not at the next
+        # request. The verifier permits pings this often (cloud/service.py).
+        options += [("grpc.keepalive_time_ms", int(link.keepalive_s * 1000)),
+                    ("grpc.keepalive_timeout_ms", int(link.keepalive_timeout_s * 1000)),
+                    ("grpc.keepalive_permit_without_calls", 1),
+                    ("grpc.http2.max_pings_without_data", 0)]
     if link.tls and link.tls_server_name:
         options.append(("grpc.ssl_target_name_override", link.tls_server_name))
     return options
@@ -39,3 +66,162 @@ def make_channel(link: CloudLinkConfig, address: str | None = None) -> grpc.Chan
     root = link.tls_root_cert.read_bytes() if link.tls_root_cert else None
     credentials = grpc.ssl_channel_credentials(root_certificates=root)
     return grpc.secure_channel(target, credentials, options=channel_options(link))
+
+
+# ---- the verifier link of one generation ----------------------------------------------
+
+# A stop event is checked this often while waiting on the verifier: the wait ends within this
+# much of a stop (a threading.Event cannot wake a queue wait by itself).
+STOP_POLL_S = 0.01
+
+
+class Evicted(Exception):
+    """The verifier dropped this session's state during the round (overload)."""
+
+
+class Stopped(Exception):
+    """The caller stopped the generation (stop event) while the link was waiting."""
+
+
+@dataclass
+class Sent:
+    """A block on its way: what the verdict must match, and when it left."""
+    round: int
+    start: int
+    k: int
+    bytes_up: int
+    t_sent: float
+    send_s: float
+
+
+class VerifierLink:
+    """Open / send a block without waiting / await its verdict, with byte counting.
+
+    One link per generation; it may hold several streams in turn (re-opens). Not thread-safe.
+    """
+
+    def __init__(self, stub: pb_grpc.DecodingStub, metadata: Sequence[tuple[str, str]], *,
+                 session_id: str, target_model: str, fingerprint: str, sampling: SamplingParams,
+                 should_stop: Callable[[], bool] = lambda: False) -> None:
+        self.stub = stub
+        self.metadata = tuple(metadata)
+        self.session_id = session_id
+        self.target_model = target_model
+        self.fingerprint = fingerprint
+        self.sampling = sampling
+        self.should_stop = should_stop
+        self.stream: SessionStream | None = None
+        self.limits: pb.Limits | None = None
+        self.load = 0.0
+        self.opens = 0
+        self.wire_round = 0          # Draft.round of the last block sent
+        self.bytes_up = 0            # every message, every stream
+        self.bytes_down = 0
+        self.draft_bytes_up = 0      # Draft messages only
+        self.drafted_tokens = 0      # tokens in Draft messages (re-sends included)
+
+    @property
+    def is_open(self) -> bool:
+        return self.stream is not None
+
+    def open(self, context: Sequence[int], timeout_s: float) -> None:
+        """A new stream, Open with the full context, wait for Opened. Raises LinkDown (also
+        when evicted while opening: no room even to open), VerifierRefused, Stopped."""
+        self.drop()
+        stream = SessionStream(self.stub, self.metadata)
+        params = self.sampling
+        message = pb.ClientMessage(open=pb.Open(
+            session_id=self.session_id, model=self.target_model,
+            tokenizer_fingerprint=self.fingerprint, context_ids=list(context),
+            sampling=pb.SamplingParams(temperature=params.temperature, top_k=params.top_k,
+                                       top_p=params.top_p, seed=params.seed),
+            mode=pb.MODE_LOSSLESS))
+        self.bytes_up += stream.send(message)
+        try:
+            reply = self._recv(stream, timeout_s)
+        except BaseException:
+            stream.abandon()
+            raise
+        kind = reply.WhichOneof("kind")
+        if kind == "evicted":
+            stream.abandon()
+            raise LinkDown("evicted while opening")
+        if kind != "opened":
+            stream.abandon()
+            raise ProtocolError(f"expected Opened, got {kind}")
+        self.limits = reply.opened.limits if reply.opened.HasField("limits") else None
+        self.load = reply.opened.load
+        self.stream = stream
+        self.opens += 1
+
+    def send(self, start: int, block: Block) -> Sent:
+        """Queue Draft(round, start, block) on the open stream; returns at once."""
+        assert self.stream is not None, "send on a closed link"
+        t0 = time.monotonic()
+        self.wire_round += 1
+        draft = pb.Draft(round=self.wire_round, start=start, tokens=block.tokens)
+        for q in block.q:
+            to_proto(q, draft.q.add())
+        size = self.stream.send(pb.ClientMessage(draft=draft))
+        self.bytes_up += size
+        self.draft_bytes_up += size
+        self.drafted_tokens += len(block)
+        t1 = time.monotonic()
+        return Sent(round=self.wire_round, start=start, k=len(block), bytes_up=size,
+                    t_sent=t1, send_s=t1 - t0)
+
+    def await_verdict(self, sent: Sent, timeout_s: float) -> tuple[pb.Verdict, int]:
+        """The verdict of `sent` and its serialized size. Raises Evicted, LinkDown, Stopped,
+        VerifierRefused, ProtocolError."""
+        assert self.stream is not None, "await on a closed link"
+        reply = self._recv(self.stream, timeout_s)
+        kind = reply.WhichOneof("kind")
+        if kind == "evicted":
+            raise Evicted()
+        if kind != "verdict":
+            raise ProtocolError(f"expected Verdict for round {sent.round}, got {kind}")
+        check_verdict(reply.verdict, sent.round, sent.start, sent.k, self.limits)
+        return reply.verdict, reply.ByteSize()
+
+    def _recv(self, stream: SessionStream, timeout_s: float) -> pb.ServerMessage:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if self.should_stop():
+                raise Stopped()
+            try:
+                reply = stream.recv(max(min(left, STOP_POLL_S), 0.0), cancel_on_timeout=False)
+                break
+            except RecvTimeout:
+                if left <= STOP_POLL_S:
+                    stream.abandon()
+                    raise LinkDown(f"no answer from the verifier within {timeout_s:.3g} s") \
+                        from None
+        self.bytes_down += reply.ByteSize()
+        return reply
+
+    def drop(self) -> None:
+        """Abandon the stream (broken, evicted, or stopped) without waiting for the server."""
+        if self.stream is not None:
+            self.stream.abandon()
+            self.stream = None
+
+    def close(self, reason: str = "done") -> None:
+        if self.stream is not None:
+            self.bytes_up += self.stream.close(reason)
+            self.stream = None
+
+
+
+def check_verdict(verdict: pb.Verdict, round_: int, start: int, k: int,
+                  limits: pb.Limits | None) -> None:
+    """A verdict must answer this round, accept at most the block, and name a real token."""
+    if verdict.round != round_:
+        raise ProtocolError(f"verdict for round {verdict.round}, expected {round_}")
+    if verdict.accepted > k:
+        raise ProtocolError(f"accepted {verdict.accepted} of a {k}-token block")
+    if verdict.context_length and verdict.context_length != start + verdict.accepted + 1:
+        raise ProtocolError(f"verdict context length {verdict.context_length}, expected "
+                            f"{start + verdict.accepted + 1}")
+    if limits is not None and limits.vocab_size and verdict.token >= limits.vocab_size:
+        raise ProtocolError(f"bonus token {verdict.token} outside the vocabulary")

@@ -51,6 +51,10 @@ class LinkDown(Exception):
     """The stream broke or timed out; the client reconnects (internal, never escapes)."""
 
 
+class RecvTimeout(Exception):
+    """recv(cancel_on_timeout=False) found nothing within its timeout; the call goes on."""
+
+
 _END = object()  # ends the request stream
 
 
@@ -87,10 +91,14 @@ class SessionStream:
         self._requests.put(message)
         return message.ByteSize()
 
-    def recv(self, timeout_s: float) -> pb.ServerMessage:
+    def recv(self, timeout_s: float, cancel_on_timeout: bool = True) -> pb.ServerMessage:
+        """The next message. On timeout: cancel the call and raise LinkDown, or (when
+        cancel_on_timeout is False, for a caller that waits in slices) raise RecvTimeout."""
         try:
             item = self._responses.get(timeout=timeout_s)
         except queue.Empty:
+            if not cancel_on_timeout:
+                raise RecvTimeout() from None
             self._call.cancel()
             raise LinkDown(f"no answer from the verifier within {timeout_s:.3g} s") from None
         if isinstance(item, _StreamEnded):

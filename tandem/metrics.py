@@ -13,10 +13,19 @@ Empty cases are defined, never a ZeroDivisionError or NaN:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 
 class _RoundLike(Protocol):
+    drafted: int
+    accepted: int | None
+
+
+@dataclass(frozen=True)
+class Round:
+    """The minimum of a verification round the formulas need (edge.rounds.RoundRecord has
+    more); accepted None = not verified."""
     drafted: int
     accepted: int | None
 
@@ -49,6 +58,25 @@ def per_position_acceptance(records: Iterable[_RoundLike]) -> list[float]:
         if record.accepted is None:
             continue
         for i in range(record.drafted):
+            if i == len(reached):
+                reached.append(0)
+                accepted.append(0)
+            reached[i] += 1
+            if i < record.accepted:
+                accepted[i] += 1
+    return [a / r for a, r in zip(accepted, reached)]
+
+
+def conditional_acceptance(records: Iterable[_RoundLike]) -> list[float]:
+    """Rate at position i given positions < i were accepted: rounds that accepted position i /
+    verified rounds whose block had position i and accepted every position before it (the
+    per-position alpha_i a draft-length model multiplies). [] when nothing was drafted."""
+    reached: list[int] = []
+    accepted: list[int] = []
+    for record in records:
+        if record.accepted is None:
+            continue
+        for i in range(min(record.accepted + 1, record.drafted)):
             if i == len(reached):
                 reached.append(0)
                 accepted.append(0)

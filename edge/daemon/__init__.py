@@ -7,7 +7,6 @@ channel to the verifier open, and serves an OpenAI-compatible HTTP API over the 
   stop.py           stop-string matching over streamed text
   sse.py            server-sent-event framing
   metrics.py        Prometheus metrics on a registry passed in
-  wire_trace.py     per-round draft length and RTT, measured on the engine's gRPC channel
   engine.py         the plain class that runs generations (pool of draft runtimes, worker threads)
   responses.py      engine output -> OpenAI bodies and SSE chunk streams
   app.py            the FastAPI app: thin handlers over the engine

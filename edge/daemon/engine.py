@@ -29,6 +29,7 @@ from typing import Literal
 import grpc
 
 from edge.client import (CloudUnavailable, EdgeClient, GenerationRequest, GenerationResult,
+                         RoundRecord,
                          ProtocolError, VerifierRefused)
 from edge.config import ClientConfig, DaemonConfig
 from edge.daemon.detokenizer import IncrementalDetokenizer
@@ -39,9 +40,9 @@ from edge.daemon.metrics import DaemonMetrics
 from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, CompletionRequest,
                                        ModelCard, ModelList, RoundTrace, TandemStats)
 from edge.daemon.stop import StopMatcher
-from edge.daemon.wire_trace import WireLog, WireTracer
 from edge.runtime.base import DraftRuntime
 from edge.tokenizer import EdgeTokenizer
+from tandem import metrics
 from tandem.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -78,15 +79,6 @@ class GenerationOutput:
     stats: TandemStats
 
 
-class _Halt(Exception):
-    """Raised from on_tokens to end a generation early (stop string, client gone, deadline);
-    the session client's own cleanup closes the stream on the way out."""
-
-    def __init__(self, why: Literal["stop", "cancelled", "timeout"]) -> None:
-        super().__init__(why)
-        self.why = why
-
-
 @dataclass
 class _Emitted:
     """What on_tokens has seen of one generation."""
@@ -95,6 +87,7 @@ class _Emitted:
     verified: list[bool] = field(default_factory=list)
     first_token_s: float | None = None
     text: list[str] = field(default_factory=list)
+    halted: Literal["stop", "timeout", ""] = ""   # why on_tokens ended the generation
 
 
 class Engine:
@@ -110,8 +103,6 @@ class Engine:
         self.context_limit = context_limit
         self.backend = runtimes[0].name
         self._raw_channel = channel
-        self._tracer = WireTracer()
-        channel = self._tracer.wrap(channel)
         # One client per runtime: a client's draft cursor knows what its runtime's KV cache
         # holds, so a pooled client also reuses a shared prompt prefix across requests.
         self._clients = [EdgeClient(channel, runtime, client_config, metadata=metadata)
@@ -254,63 +245,66 @@ class Engine:
                 if on_text is not None:
                     on_text(text)
 
-        def on_tokens(ids: list[int], verified: list[bool]) -> None:
+        def on_tokens(ids: list[int], verified: list[bool]) -> bool:
+            """Returns False to end the generation (stop string, deadline); a cancelled request
+            sets `halt`, the client's stop event, which also ends a verdict wait at once."""
             if emitted.first_token_s is None:
                 emitted.first_token_s = time.monotonic() - emitted.t0
             emitted.token_ids.extend(ids)
             emitted.verified.extend(verified)
-            self._note_link(all(verified), wire)
+            self._note_link(all(verified), rounds)
             # The eos that ends a generation is part of the client's output, not of the text.
             release(stops.push(detok.push([t for t in ids if t not in stop_ids])))
             if stops.stopped:
-                raise _Halt("stop")
-            if halt.is_set():
-                raise _Halt("cancelled")
+                emitted.halted = "stop"
+                return False
             if time.monotonic() > deadline:
-                raise _Halt("timeout")
+                emitted.halted = "timeout"
+                return False
+            return True
 
         request = GenerationRequest(prompt_ids=list(job.prompt_ids), max_tokens=job.max_tokens,
                                     sampling=job.sampling, draft_length=job.draft_length,
                                     stop_ids=stop_ids)
-        result: GenerationResult | None = None
-        with self._tracer.recording() as wire:
-            try:
-                result = client.generate(request, on_tokens)
-            except _Halt as halted:
-                if halted.why == "timeout":
-                    raise GenerationTimeout(f"generation ran past {self.config.request_timeout_s} s") from None
-                if halted.why == "cancelled":
-                    raise GenerationFailed("the request was cancelled", code="cancelled") from None
-            except VerifierRefused as exc:
-                raise VerifierError(str(exc), code="verifier_refused") from exc
-            except CloudUnavailable as exc:
-                raise VerifierUnavailable(str(exc)) from exc
-            except ProtocolError as exc:
-                raise VerifierError(f"protocol error: {exc}", code="protocol_error") from exc
+        rounds: list[RoundRecord] = []  # as they happen, for the link state
+        try:
+            result = client.generate(request, on_tokens, on_round=rounds.append, stop_event=halt)
+        except VerifierRefused as exc:
+            raise VerifierError(str(exc), code="verifier_refused") from exc
+        except CloudUnavailable as exc:
+            raise VerifierUnavailable(str(exc)) from exc
+        except ProtocolError as exc:
+            raise VerifierError(f"protocol error: {exc}", code="protocol_error") from exc
+        if emitted.halted == "timeout":
+            raise GenerationTimeout(f"generation ran past {self.config.request_timeout_s} s")
+        if result.finish_reason == "cancelled" and not emitted.halted:
+            raise GenerationFailed("the request was cancelled", code="cancelled")
         if not stops.stopped:
             release(stops.push(detok.flush()))
             release(stops.flush())
         wall_s = time.monotonic() - emitted.t0
-        finish: FinishReason = "stop" if stops.stopped or (result and result.finish_reason == "stop") else "length"
-        stats = build_stats(result, emitted, wire, wall_s, self.backend, job.trace)
-        self._observe(stats, wire)
+        finish: FinishReason = "stop" if stops.stopped or result.finish_reason == "stop" else "length"
+        stats = build_stats(result, emitted, wall_s, self.backend, job.trace)
+        self._observe(stats, result)
         return GenerationOutput(text="".join(emitted.text), token_ids=list(emitted.token_ids),
                                 finish_reason=finish, prompt_tokens=len(job.prompt_ids),
                                 completion_tokens=len(emitted.token_ids), stats=stats)
 
-    def _note_link(self, verified: bool, wire: WireLog) -> None:
+    def _note_link(self, verified: bool, rounds: Sequence[RoundRecord]) -> None:
         """Link state for /metrics and /healthz: down while tokens come unverified (the client
-        decodes locally), degraded when verification goes on but needed a re-open, else up."""
-        state = "down" if not verified else ("degraded" if wire.opens > 1 else "up")
+        decodes locally), degraded when verification goes on but needed a re-open (a round
+        re-sent, or local rounds before), else up."""
+        state = "down" if not verified else (
+            "degraded" if any(r.attempts > 1 or r.mode == "local" for r in rounds) else "up")
         if state != self.link_state:
             self.link_state = state
             self.metrics.set_link_state(state)
 
-    def _observe(self, stats: TandemStats, wire: WireLog) -> None:
-        answered = wire.verified_rounds()
-        self.metrics.observe_rounds(draft_lengths=[r.draft_length for r in answered],
+    def _observe(self, stats: TandemStats, result: GenerationResult) -> None:
+        answered = result.verified_rounds
+        self.metrics.observe_rounds(draft_lengths=[r.drafted for r in answered],
                                     accepted=stats.accepted_lengths,
-                                    rtts_s=[r.rtt_s for r in answered if r.rtt_s is not None])
+                                    rtts_s=[r.rtt_s for r in answered])
         self.metrics.observe_generation(
             verified=stats.verified_tokens, unverified=stats.unverified_tokens,
             target_passes=stats.target_passes, bytes_up=stats.bytes_up, bytes_down=stats.bytes_down,
@@ -339,32 +333,28 @@ class Engine:
         self._raw_channel.close()
 
 
-def build_stats(result: GenerationResult | None, emitted: _Emitted, wire: WireLog, wall_s: float,
-                backend: str, trace: bool) -> TandemStats:
-    """Tandem's stats of one generation. `result` is None when the generation was ended early
-    by a stop string; the counts then come from what went over the wire."""
-    answered = wire.verified_rounds()
-    if result is not None:
-        accepted, passes = list(result.accepted_lengths), result.target_passes
-        bytes_up, bytes_down, reopens = result.bytes_up, result.bytes_down, result.reopens
-    else:
-        accepted = [r.accepted for r in answered if r.accepted is not None]
-        passes, bytes_up, bytes_down = len(answered), wire.bytes_up, wire.bytes_down
-        reopens = max(wire.opens - 1, 0)
+def build_stats(result: GenerationResult, emitted: _Emitted, wall_s: float, backend: str,
+                trace: bool) -> TandemStats:
+    """Tandem's stats of one generation, from the client's round log (tandem.metrics formulas).
+    Token counts are what on_tokens saw (a stop string may end the text inside a chunk)."""
+    answered = result.verified_rounds
     n_tokens = len(emitted.token_ids)
     n_verified = sum(emitted.verified)
-    rounds = len(accepted)
     return TandemStats(
-        rounds=rounds, accepted_lengths=accepted,
-        mean_accepted_length=1.0 + sum(accepted) / rounds if rounds else 1.0,
-        target_passes=passes, target_passes_per_token=passes / n_tokens if n_tokens else 0.0,
+        rounds=result.rounds, accepted_lengths=result.accepted_lengths,
+        mean_accepted_length=result.mean_accepted_length,
+        target_passes=result.target_passes,
+        target_passes_per_token=metrics.passes_per_token(result.target_passes, n_tokens),
         verified_tokens=n_verified, unverified_tokens=n_tokens - n_verified,
         verified_fraction=n_verified / n_tokens if n_tokens else 1.0,
-        bytes_up=bytes_up, bytes_down=bytes_down, wall_s=wall_s, ttft_s=emitted.first_token_s,
-        tokens_per_s=n_tokens / wall_s if wall_s > 0 else 0.0, reopens=reopens, draft_backend=backend,
-        trace=[RoundTrace(t_s=r.sent_s + r.rtt_s - wire.t0, draft_length=r.draft_length,
+        bytes_up=result.bytes_up, bytes_down=result.bytes_down, wall_s=wall_s,
+        ttft_s=emitted.first_token_s,
+        tokens_per_s=n_tokens / wall_s if wall_s > 0 else 0.0, reopens=result.reopens,
+        draft_backend=backend,
+        trace=[RoundTrace(t_s=r.t_start_s + r.draft_s + r.send_s + r.rtt_s, draft_length=r.drafted,
                           accepted=r.accepted or 0, rtt_ms=r.rtt_s * 1000.0,
-                          server_ms=None if r.server_s is None else r.server_s * 1000.0)
+                          server_ms=(r.server_queue_s + r.server_forward_s + r.server_verify_s)
+                          * 1000.0)
                for r in answered] if trace else None)
 
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from models.train import data
+from tandem import metrics
 
 
 @torch.no_grad()
@@ -53,8 +54,7 @@ def greedy_continuation(model, ids: list[int], n: int) -> list[int]:
 def mean_accepted_length(draft, prompts: list[list[int]], references: list[list[int]], k: int) -> dict:
     """Greedy speculative decoding replayed against the target's own greedy continuations
     (`references`, one per prompt): what the verifier would accept round by round."""
-    rounds, accepted, drafted = 0, 0, 0
-    per_position, reached = np.zeros(k), np.zeros(k)
+    records: list[metrics.Round] = []
     for ids, reference in tqdm(list(zip(prompts, references)), desc=f"acceptance k={k}"):
         new_tokens = len(reference)
         pos = 0
@@ -64,15 +64,13 @@ def mean_accepted_length(draft, prompts: list[list[int]], references: list[list[
             n = 0
             while n < kk and proposal[n] == reference[pos + n]:
                 n += 1
-            reached[: min(n + 1, kk)] += 1
-            per_position[:n] += 1
-            rounds += 1
-            accepted += n
-            drafted += kk
+            records.append(metrics.Round(drafted=kk, accepted=n))
             pos += n + 1
-    return {"k": k, "rounds": rounds, "tau": 1 + accepted / rounds,
-            "acceptance_rate": accepted / max(1, drafted),
-            "per_position_rate": [round(a / r, 3) if r else None for a, r in zip(per_position, reached)]}
+    accepted = sum(r.accepted for r in records)
+    # per_position_rate: acceptance at position i given every earlier position was accepted.
+    return {"k": k, "rounds": len(records), "tau": metrics.tau(accepted, len(records)),
+            "acceptance_rate": metrics.acceptance_rate(accepted, sum(r.drafted for r in records)),
+            "per_position_rate": [round(a, 3) for a in metrics.conditional_acceptance(records)]}
 
 
 def main() -> None:
