@@ -5,6 +5,13 @@
       workload through the daemon's HTTP API, a table per profile, JSON and PNG plots
   tandem loadgen --url http://HOST:8080 --requests N [--concurrency C]
       the same workload against a running daemon (docker-compose's loadgen service)
+  tandem load --streams N --duration S [--max-tokens T]
+      N concurrent streams through a daemon against one verifier (both started as processes):
+      tokens/s total and per stream, p50/p99 TTFT and TPOT, verifier batch sizes, peak RSS
+  tandem bench [--config configs/bench.yaml] [--channel FILE.yaml ...] [--device NAME ...]
+               [--json PATH] [--plots DIR] [--prompts N] [--max-tokens M]
+      every configuration (cloud-only, edge-only, fixed k, peers' rules, adaptive, oracle) per
+      channel and device profile: table, goal ratios, JSON and PNG plots (bench/bench/)
 """
 from __future__ import annotations
 
@@ -15,18 +22,22 @@ import sys
 import time
 from pathlib import Path
 
-from bench.sim_config import SimConfig
-from tandem.config import ConfigError, load_config, resolve_path
+from bench.bench.cli import add_parser as add_bench_parser
+from tandem.cli import add_version, fail
+from tandem.config import ConfigError, load_config, merge, parse_set_options, resolve_path
 
 DEFAULT_OUT = Path("out/sim")
 
 
 def _sim(args: argparse.Namespace) -> int:
+    from bench.sim_config import SimConfig
+
+    flags = {"prompts": args.prompts, "max_tokens": args.max_tokens, "concurrency": args.concurrency,
+             "profiles": args.profiles.split(",") if args.profiles else None}
+    config = load_config(args.config, SimConfig, merge(parse_set_options(args.set), flags),
+                         env_prefix="TANDEM_SIM_")
     from bench.sim import print_report, run_sim  # loads torch / grpc only when simulating
 
-    overrides = {"prompts": args.prompts, "max_tokens": args.max_tokens, "concurrency": args.concurrency,
-                 "profiles": args.profiles.split(",") if args.profiles else None}
-    config = load_config(resolve_path(args.config), SimConfig, overrides)
     json_path = args.json if args.json is not None else DEFAULT_OUT / "sim.json"
     plots_dir = args.plots if args.plots is not None else DEFAULT_OUT
     result = run_sim(config, json_path=json_path, plots_dir=plots_dir, progress=not args.no_progress)
@@ -54,9 +65,30 @@ def _loadgen(args: argparse.Namespace) -> int:
     return 1 if summary.errors else 0
 
 
+def _load(args: argparse.Namespace) -> int:
+    from bench.load import run_load, write_report
+
+    pids = {}
+    for item in args.pid:
+        name, _, pid = item.partition("=")
+        pids[name] = int(pid)
+    report, _ = run_load(streams=args.streams, duration_s=args.duration,
+                         max_tokens=args.max_tokens, temperature=args.temperature,
+                         prompts_file=resolve_path(args.prompts_file), prompt_offset=args.offset,
+                         url=args.url, cloud=args.cloud, pids=pids, log_dir=args.log_dir,
+                         cloud_args=args.cloud_arg, edge_args=args.edge_arg)
+    print(report.table())
+    for error in report.first_errors:
+        print(f"error: {error}", file=sys.stderr)
+    if args.json is not None:
+        write_report(args.json, report)
+    return 1 if report.errors else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     sim = sub.add_parser("sim", help="run the loopback simulation over the channel profiles")
@@ -68,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--max-tokens", type=int, default=None, help="override tokens per request")
     sim.add_argument("--concurrency", type=int, default=None, help="override requests in flight")
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sim.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                     help="override any sim config key (repeatable; VALUE is read as YAML); "
+                          "environment: TANDEM_SIM_<KEY>")
     sim.set_defaults(run=_sim)
 
     load = sub.add_parser("loadgen", help="send the held-out workload to a running daemon")
@@ -82,6 +117,29 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     load.add_argument("--json", type=Path, default=None)
     load.set_defaults(run=_loadgen)
+
+    many = sub.add_parser("load", help="N concurrent streams for a bounded time: throughput, "
+                                       "latency percentiles, batch sizes, peak RSS")
+    many.add_argument("--streams", type=int, default=16)
+    many.add_argument("--duration", type=float, default=20.0, help="seconds; requests that "
+                                                                  "started in time finish")
+    many.add_argument("--max-tokens", type=int, default=48)
+    many.add_argument("--temperature", type=float, default=0.0)
+    many.add_argument("--prompts-file", type=Path, default=Path("models/prompts/heldout.jsonl"))
+    many.add_argument("--offset", type=int, default=0, help="index of the first prompt")
+    many.add_argument("--url", default=None, help="a running daemon (default: start one)")
+    many.add_argument("--cloud", default=None, help="its verifier HOST:PORT, for batch sizes")
+    many.add_argument("--pid", action="append", default=[], metavar="NAME=PID",
+                      help="with --url: processes whose peak RSS to report")
+    many.add_argument("--cloud-arg", action="append", default=[],
+                      help="extra argument for the started tandem-cloud serve (repeatable)")
+    many.add_argument("--edge-arg", action="append", default=[],
+                      help="extra argument for the started tandem-edge serve (repeatable)")
+    many.add_argument("--log-dir", type=Path, default=Path("out/load"))
+    many.add_argument("--json", type=Path, default=None)
+    many.set_defaults(run=_load)
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -90,9 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except ConfigError as exc:
-        print(f"tandem: {exc}", file=sys.stderr)
-        return 2
+    except (ConfigError, OSError) as exc:
+        return fail("tandem", exc)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
 """tandem-cloud: run the verifier, or ask a running one what it serves.
 
   tandem-cloud serve --config configs/cloud.yaml [--host H] [--port P] [--model DIR]
-                    [--device D] [--dtype T]
+                    [--device D] [--dtype T] [--metrics-port P] [--set KEY=VALUE ...]
   tandem-cloud info --cloud HOST:PORT [--api-key KEY] [--tls-ca CERT.pem]
+
+Where a setting comes from, highest first: these flags, `--set section.key=VALUE` (any key),
+the environment (`TANDEM_CLOUD_<SECTION>__<KEY>`, e.g. TANDEM_CLOUD_SERVER__PORT=50052), the
+config file, the defaults in cloud/config.py.
 """
 from __future__ import annotations
 
@@ -14,29 +18,35 @@ import sys
 import threading
 from pathlib import Path
 
-import grpc
-import torch
-
-from cloud.auth import API_KEY_HEADER
 from cloud.config import CloudConfig
-from tandem.config import ConfigError, load_config, resolve_path
+from tandem.cli import add_log_level, add_version, fail
+from tandem.config import ConfigError, load_config, merge, parse_set_options
 
 log = logging.getLogger("tandem.cloud")
+ENV_PREFIX = "TANDEM_CLOUD_"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tandem-cloud", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="load the target and serve gRPC until SIGTERM")
-    serve.add_argument("--config", type=Path, default=Path("configs/cloud.yaml"))
+    serve.add_argument("--config", type=Path, default=Path("configs/cloud.yaml"),
+                       help="cloud YAML, any subset of keys (relative: against the current "
+                            "directory, then the repository root)")
     serve.add_argument("--host", help="override server.host")
     serve.add_argument("--port", type=int, help="override server.port")
+    serve.add_argument("--metrics-port", type=int,
+                       help="override server.metrics_port (Prometheus /metrics; 0 = off)")
     serve.add_argument("--model", help="override model.path (any local HF causal-LM directory)")
     serve.add_argument("--device", help="override model.device (auto, cpu, cuda, cuda:N)")
     serve.add_argument("--dtype", help="override model.dtype (float32, float16, bfloat16)")
-    serve.add_argument("--log-level", default="INFO")
+    serve.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                       help="override any config key, e.g. --set limits.max_sessions=8 "
+                            "(repeatable; VALUE is read as YAML)")
+    add_log_level(serve, "info")
 
     info = commands.add_parser("info", help="print a running verifier's Info as JSON")
     info.add_argument("--cloud", required=True, metavar="HOST:PORT")
@@ -48,28 +58,45 @@ def main(argv: list[str] | None = None) -> int:
     return _serve(args) if args.command == "serve" else _info(args)
 
 
+def load_cloud_config(args: argparse.Namespace) -> CloudConfig:
+    """Defaults < config file < environment < --set < named flags."""
+    flags = {"server": {"host": args.host, "port": args.port,
+                        "metrics_port": args.metrics_port},
+             "model": {"path": args.model, "device": args.device, "dtype": args.dtype}}
+    overrides = merge(parse_set_options(args.set), flags)
+    return load_config(args.config, CloudConfig, overrides, env_prefix=ENV_PREFIX)
+
+
 def _serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(),
+    logging.basicConfig(level=(args.log_level or "info").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Imported here so that `tandem-cloud info` does not pay for torch + transformers setup.
+    try:
+        config = load_cloud_config(args)
+    except (ConfigError, OSError, ValueError) as exc:
+        return fail("tandem-cloud", exc)
+
+    # Imported here so that --help, --version, config errors and `info` do not pay for torch.
+    import torch
     from transformers.utils import logging as transformers_logging
 
     from cloud.service import create_server
 
     transformers_logging.disable_progress_bar()
-
-    config_path = resolve_path(args.config)
-    overrides = {"server": {"host": args.host, "port": args.port},
-                 "model": {"path": args.model, "device": args.device, "dtype": args.dtype}}
     try:
-        config = load_config(config_path, CloudConfig, overrides)
         if config.model.threads:
             torch.set_num_threads(config.model.threads)
         server, port = create_server(config)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
-        print(f"tandem-cloud: {exc}", file=sys.stderr)
-        return 2
+    except (ConfigError, OSError, ValueError, RuntimeError) as exc:
+        return fail("tandem-cloud", exc)
 
+    if config.server.metrics_port is not None:
+        try:
+            server.engine.metrics.serve(config.server.host, config.server.metrics_port)
+        except OSError as exc:
+            server.engine.shutdown()
+            return fail("tandem-cloud", ConfigError(
+                f"cannot serve metrics on {config.server.host}:{config.server.metrics_port}: "
+                f"{exc.strerror or exc}"))
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -86,13 +113,20 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
+    import grpc
     from google.protobuf.json_format import MessageToDict
+
+    from cloud.auth import API_KEY_HEADER
 
     from tandem.v1 import decoding_pb2, decoding_pb2_grpc
 
     if args.tls_ca:
-        channel = grpc.secure_channel(
-            args.cloud, grpc.ssl_channel_credentials(root_certificates=args.tls_ca.read_bytes()))
+        try:
+            root = args.tls_ca.read_bytes()
+        except OSError as exc:
+            return fail("tandem-cloud", exc)
+        channel = grpc.secure_channel(args.cloud,
+                                      grpc.ssl_channel_credentials(root_certificates=root))
     else:
         channel = grpc.insecure_channel(args.cloud)
     metadata = [(API_KEY_HEADER, args.api_key)] if args.api_key else None

@@ -5,8 +5,10 @@
                        [--config configs/edge.yaml] [--backend B] [--draft-model PATH]
                        [--tokenizer-dir DIR] [--api-key KEY] [--ignore-eos] [--json]
 
-Every option left out keeps the value of the config file (edge/config.py holds the defaults).
-Human output: the completion on stdout, one stats line on stderr. --json prints one object.
+Where a setting comes from, highest first: these flags, `--set section.key=VALUE` (any key),
+the environment (`TANDEM_EDGE_<SECTION>__<KEY>`, e.g. TANDEM_EDGE_CLIENT__DRAFT_LENGTH=8), the
+config file, the defaults in edge/config.py. Human output: the completion on stdout, one stats
+line on stderr. --json prints one object.
 """
 from __future__ import annotations
 
@@ -16,14 +18,18 @@ import sys
 from pathlib import Path
 
 from edge.config import EdgeConfig, model_for_backend, resolve_paths
-from tandem.config import ConfigError, load_config, resolve_path
+from tandem.cli import add_version, fail
+from tandem.config import ConfigError, load_config, merge, parse_set_options, resolve_path
 
 DEFAULT_CONFIG = Path("configs/edge.yaml")
+ENV_PREFIX = "TANDEM_EDGE_"
+_MODEL_SUFFIX = {"llama.cpp": ".gguf", "onnxruntime": ".onnx"}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tandem-edge", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_generate(commands)
     # `tandem-edge serve` (the local HTTP daemon, edge/daemon/command.py) registers here.
@@ -64,21 +70,27 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
                         help="override draft.model_path; the tokenizer is then read from the "
                              "model's directory unless --tokenizer-dir is given")
     parser.add_argument("--tokenizer-dir", type=Path, help="override draft.tokenizer_dir")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                        help="override any config key, e.g. --set client.max_retries=2 "
+                             "(repeatable; VALUE is read as YAML)")
 
 
 def load_edge_config(args: argparse.Namespace) -> EdgeConfig:
-    """The config file with the command-line overrides, paths resolved."""
-    overrides = {"cloud": {"address": args.cloud, "api_key": args.api_key},
-                 "draft": {"backend": args.backend,
-                           "model_path": str(args.draft_model) if args.draft_model else None,
-                           "tokenizer_dir": str(args.tokenizer_dir) if args.tokenizer_dir
-                           else None},
-                 "client": {"draft_length": getattr(args, "draft_length", None)}}
-    path = resolve_path(args.config)
-    if args.config == DEFAULT_CONFIG and not path.exists():
-        config = EdgeConfig.model_validate(_drop_none(overrides))  # no file: schema defaults
-    else:
-        config = load_config(path, EdgeConfig, overrides)
+    """Defaults < config file < environment < --set < named flags; paths resolved. Raises
+    ConfigError (or FileNotFoundError for a missing model) with a one-line message."""
+    flags = {"cloud": {"address": args.cloud, "api_key": args.api_key},
+             "draft": {"backend": args.backend,
+                       "model_path": str(args.draft_model) if args.draft_model else None,
+                       "tokenizer_dir": str(args.tokenizer_dir) if args.tokenizer_dir
+                       else None},
+             "client": {"draft_length": getattr(args, "draft_length", None)},
+             "daemon": {"host": getattr(args, "host", None), "port": getattr(args, "port", None),
+                        "log_level": getattr(args, "log_level", None)}}
+    overrides = merge(parse_set_options(getattr(args, "set", None)), _drop_none(flags))
+    # The shipped default file is optional (schema defaults without it); a named one is not.
+    path = None if args.config == DEFAULT_CONFIG and not resolve_path(args.config).exists() \
+        else args.config
+    config = load_config(path, EdgeConfig, overrides, env_prefix=ENV_PREFIX)
     if args.draft_model and not args.tokenizer_dir:
         config = config.model_copy(update={"draft": config.draft.model_copy(
             update={"tokenizer_dir": None})})
@@ -86,7 +98,27 @@ def load_edge_config(args: argparse.Namespace) -> EdgeConfig:
     if args.backend and not args.draft_model:
         config = config.model_copy(update={"draft": config.draft.model_copy(
             update={"model_path": model_for_backend(config.draft)})})
+    check_draft_files(config)
     return config
+
+
+def check_draft_files(config: EdgeConfig) -> None:
+    """The draft's model exists and is the kind of file its backend reads, so a mismatch is a
+    one-line error here rather than a traceback from inside the runtime."""
+    draft = config.draft
+    path = draft.model_path
+    if not path.exists():
+        raise ConfigError(f"draft.model_path: {path} does not exist")
+    if draft.backend == "torch":
+        if not path.is_dir():
+            raise ConfigError(f"draft.backend torch reads an HF model directory, but "
+                              f"draft.model_path is the file {path}")
+    elif path.suffix != _MODEL_SUFFIX[draft.backend]:
+        raise ConfigError(f"draft.backend {draft.backend} reads a {_MODEL_SUFFIX[draft.backend]} "
+                          f"file, but draft.model_path is {path}")
+    if not (draft.resolved_tokenizer_dir / "tokenizer.json").exists():
+        raise ConfigError(f"no tokenizer.json in {draft.resolved_tokenizer_dir} (set "
+                          "draft.tokenizer_dir or --tokenizer-dir)")
 
 
 def _drop_none(tree: dict) -> dict:
@@ -111,9 +143,8 @@ def _generate(args: argparse.Namespace) -> int:
             ("seed", args.seed)) if value is not None})
         tokenizer = EdgeTokenizer(config.draft.resolved_tokenizer_dir)
         draft = load_draft_runtime(config.draft)
-    except (ConfigError, FileNotFoundError, MissingBackend, ValueError) as exc:
-        print(f"tandem-edge: {exc}", file=sys.stderr)
-        return 2
+    except (ConfigError, OSError, MissingBackend, ValueError, RuntimeError) as exc:
+        return fail("tandem-edge", exc)
 
     prompt_ids = tokenizer.encode(text)
     if not prompt_ids:

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from edge.runtime.config import DraftConfig
-from tandem.codec import DEFAULT_MAX_ENTRIES, DEFAULT_SCALE
+from tandem.codec_defaults import DEFAULT_MAX_ENTRIES, DEFAULT_SCALE
 from tandem.config import Settings, resolve_path
 
 DEFAULT_API_KEY_HEADER = "x-api-key"

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-DEFAULT_MAX_ENTRIES = 16
-DEFAULT_SCALE = 1023  # weights are integers in [1, scale]; 10 bits of resolution per entry
+from tandem.codec_defaults import DEFAULT_MAX_ENTRIES, DEFAULT_SCALE  # noqa: F401 - re-exported
 
 
 class InvalidDistribution(ValueError):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import Callable
 
+from tandem.cli import add_log_level, fail
 from tandem.config import ConfigError
 
 
@@ -23,6 +23,7 @@ def add_serve_command(commands, add_config_options: Callable[[argparse.ArgumentP
     add_config_options(serve)
     serve.add_argument("--host", help="override daemon.host")
     serve.add_argument("--port", type=int, help="override daemon.port (0 = any free port)")
+    add_log_level(serve, "daemon.log_level")
     serve.set_defaults(run=lambda args: run_serve(args, load_edge_config))
 
 
@@ -31,18 +32,13 @@ def run_serve(args: argparse.Namespace, load_edge_config: Callable[[argparse.Nam
     from edge.runtime.errors import MissingBackend
 
     try:
-        config = load_edge_config(args)
-        updates = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-        daemon = type(config.daemon).model_validate({**config.daemon.model_dump(), **updates})
-        config = config.model_copy(update={"daemon": daemon})
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
-        print(f"tandem-edge: {exc}", file=sys.stderr)
-        return 2
+        config = load_edge_config(args)  # --host, --port and --log-level included
+    except (ConfigError, OSError, ValueError) as exc:
+        return fail("tandem-edge", exc)
     level = "DEBUG" if config.daemon.log_level == "trace" else config.daemon.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         serve(config)
-    except (FileNotFoundError, MissingBackend) as exc:
-        print(f"tandem-edge: {exc}", file=sys.stderr)
-        return 2
+    except (ConfigError, OSError, MissingBackend, ValueError, RuntimeError) as exc:
+        return fail("tandem-edge", exc)
     return 0

@@ -7,9 +7,22 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from edge.runtime.base import DraftRuntime, RuntimeSpeed
+from typing import TYPE_CHECKING
+
 from edge.runtime.config import DraftConfig
 from edge.runtime.errors import ContextFull, MissingBackend
+
+if TYPE_CHECKING:
+    from edge.runtime.base import DraftRuntime, RuntimeSpeed
+
+
+def __getattr__(name: str):
+    # base.py imports torch: loaded on first use, so the CLIs' --help and config checks (which
+    # import edge.runtime.config through this package) stay fast.
+    if name in ("DraftRuntime", "RuntimeSpeed"):
+        from edge.runtime import base
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["ContextFull", "DraftConfig", "DraftRuntime", "MissingBackend", "RuntimeSpeed",
            "load_draft_runtime"]

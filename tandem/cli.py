@@ -1,0 +1,47 @@
+"""What the three command lines (tandem, tandem-cloud, tandem-edge) share: `--version`,
+`--log-level` checked against the logging levels, and one-line errors.
+
+Light on imports (argparse and the standard library only), so `--help` and `--version` answer
+without loading torch or grpc.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import metadata
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def version() -> str:
+    try:
+        return metadata.version("tandem")
+    except metadata.PackageNotFoundError:  # running from a source tree that is not installed
+        return "0+unknown"
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+
+
+def log_level(text: str) -> str:
+    """argparse type for --log-level: a logging level name, any case; a clear error otherwise."""
+    level = text.strip().lower()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a log level; choose one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+def add_log_level(parser: argparse.ArgumentParser, help_default: str) -> None:
+    parser.add_argument("--log-level", type=log_level, default=None, metavar="LEVEL",
+                        help=f"{'/'.join(LOG_LEVELS)} (default: {help_default})")
+
+
+def fail(prog: str, exc: BaseException, status: int = 2) -> int:
+    """Print `prog: message` on one line to stderr and return the exit status."""
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, FileNotFoundError) and exc.filename and str(exc.filename) not in message:
+        message = f"{message}: {exc.filename}"
+    print(f"{prog}: {message}", file=sys.stderr)
+    return status
