@@ -1,0 +1,295 @@
+"""`tandem load`: N concurrent streams through one edge daemon against one verifier, for a
+bounded time, each a separate process so that memory is measured per process.
+
+  verifier  (tandem-cloud serve, its own process, 127.0.0.1:free port)
+     ^ gRPC
+  daemon    (tandem-edge serve, its own process, pool_size = N, HTTP on a free port)
+     ^ HTTP, OpenAI API, streamed
+  N streams (this process: asyncio + httpx; each sends one request after another until the
+             duration is up; stream i always sends prompt offset + i, so outputs are comparable)
+
+Reported: tokens/s in total (all tokens / wall) and per stream (its tokens / wall), p50 and p99
+of TTFT and of time per output token (TPOT, tandem.metrics.tpot, per request), the verifier's
+batch sizes over the run (from Info.batches, before and after), and the peak RSS (VmHWM) of the
+verifier, the daemon and this process. `--cloud` / `--url` drive an already running verifier and
+daemon instead (their memory is then reported only if their PIDs are given).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+
+from bench.workload import RequestRecord, _one, advertised_model, load_prompts
+from tandem import metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class StreamStats:
+    index: int
+    requests: int = 0
+    errors: int = 0
+    tokens: int = 0
+    texts: list[str] = field(default_factory=list)   # one per finished request, in order
+    records: list[RequestRecord] = field(default_factory=list)
+
+
+@dataclass
+class LoadReport:
+    streams: int
+    duration_s: float
+    wall_s: float
+    requests: int
+    errors: int
+    tokens: int
+    total_tokens_per_s: float
+    per_stream_tokens_per_s: list[float]
+    ttft_ms_p50: float | None
+    ttft_ms_p99: float | None
+    tpot_ms_p50: float | None
+    tpot_ms_p99: float | None
+    verified_share: float
+    batch_passes: int
+    batch_mean: float
+    batch_largest: int
+    batch_size_counts: list[int]
+    peak_rss_mb: dict[str, float]
+    first_errors: list[str] = field(default_factory=list)
+
+    def table(self) -> str:
+        per = self.per_stream_tokens_per_s
+        lines = [
+            f"streams {self.streams}, {self.wall_s:.1f} s, {self.requests} requests, "
+            f"{self.errors} errors, {self.tokens} tokens, {self.verified_share:.1%} verified",
+            f"tokens/s: total {self.total_tokens_per_s:.1f}, per stream "
+            f"min {min(per, default=0):.1f} / median {_median(per):.1f} / max {max(per, default=0):.1f}",
+            f"TTFT ms: p50 {_fmt(self.ttft_ms_p50)}  p99 {_fmt(self.ttft_ms_p99)}; "
+            f"TPOT ms: p50 {_fmt(self.tpot_ms_p50)}  p99 {_fmt(self.tpot_ms_p99)}",
+            f"verifier batches: {self.batch_passes} passes, mean {self.batch_mean:.2f} jobs, "
+            f"largest {self.batch_largest}",
+            "peak RSS MB: " + ", ".join(f"{name} {mb:.0f}" for name, mb in self.peak_rss_mb.items()),
+        ]
+        return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 100]); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil(n q / 100), at least 1
+    return ordered[int(rank) - 1]
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """VmHWM (peak resident set) of a live process, in MB; None when it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+# --- the processes ------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class System:
+    cloud_address: str
+    url: str
+    pids: dict[str, int]
+
+
+def _wait_until(ready, process: subprocess.Popen | None, what: str, timeout_s: float,
+                log_path: Path | None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            tail = log_path.read_text()[-2000:] if log_path else ""
+            raise RuntimeError(f"{what} exited with {process.returncode}:\n{tail}")
+        try:
+            if ready():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} not ready within {timeout_s:.0f} s")
+
+
+def cloud_info(address: str, timeout_s: float = 5.0, metadata=None):
+    from tandem.v1 import decoding_pb2 as pb
+    from tandem.v1 import decoding_pb2_grpc as pb_grpc
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.DecodingStub(channel).Info(pb.InfoRequest(), timeout=timeout_s,
+                                                   metadata=metadata)
+
+
+@contextmanager
+def spawn_system(streams: int, *, log_dir: Path, cloud_args: Sequence[str] = (),
+                 edge_args: Sequence[str] = (), start_timeout_s: float = 180.0):
+    """Start a verifier and a daemon (pool_size = streams) as child processes; yield System;
+    stop both (SIGTERM, then SIGKILL) on exit."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    bin_dir = Path(sys.executable).parent
+    cloud_port, http_port = free_port(), free_port()
+    cloud_address = f"127.0.0.1:{cloud_port}"
+    env = dict(os.environ)
+    with ExitStack() as stack:
+        processes: dict[str, subprocess.Popen] = {}
+
+        def start(name: str, argv: list[str]) -> subprocess.Popen:
+            log = stack.enter_context((log_dir / f"{name}.log").open("wb"))
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                       env=env)
+            processes[name] = process
+            stack.callback(_stop, process)
+            return process
+
+        cloud = start("verifier", [str(bin_dir / "tandem-cloud"), "serve", "--host", "127.0.0.1",
+                                   "--port", str(cloud_port), "--log-level", "WARNING",
+                                   *cloud_args])
+        _wait_until(lambda: cloud_info(cloud_address, 1.0), cloud, "the verifier",
+                    start_timeout_s, log_dir / "verifier.log")
+        daemon = start("daemon", [str(bin_dir / "tandem-edge"), "serve", "--host", "127.0.0.1",
+                                  "--port", str(http_port), "--cloud", cloud_address,
+                                  "--set", f"daemon.pool_size={streams}",
+                                  "--set", f"daemon.max_waiting={max(64, streams)}", *edge_args])
+        url = f"http://127.0.0.1:{http_port}"
+        _wait_until(lambda: httpx.get(url + "/healthz", timeout=1.0).status_code == 200, daemon,
+                    "the daemon", start_timeout_s, log_dir / "daemon.log")
+        yield System(cloud_address, url, {name: p.pid for name, p in processes.items()})
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(15)
+
+
+# --- the streams ----------------------------------------------------------------------------------
+async def drive(url: str, model: str, prompts: Sequence[str], *, duration_s: float,
+                max_tokens: int, temperature: float = 0.0, request_timeout_s: float = 120.0,
+                max_requests_per_stream: int | None = None) -> tuple[list[StreamStats], float]:
+    """len(prompts) streams; stream i sends prompts[i] again and again until duration_s has
+    passed (a request that started in time finishes) or it sent max_requests_per_stream."""
+    endpoint = url.rstrip("/") + "/v1/completions"
+    limits = httpx.Limits(max_connections=len(prompts), max_keepalive_connections=len(prompts))
+    t0 = time.monotonic()
+    deadline = t0 + duration_s
+    async with httpx.AsyncClient(timeout=request_timeout_s, limits=limits) as client:
+        async def stream(index: int, prompt: str) -> StreamStats:
+            stats = StreamStats(index)
+            while time.monotonic() < deadline and (max_requests_per_stream is None or
+                                                    stats.requests < max_requests_per_stream):
+                body = {"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                        "temperature": temperature, "seed": index, "stream": True,
+                        "stream_options": {"include_usage": True}, "ignore_eos": True}
+                record = await _one(client, endpoint, body, stats.requests, t0)
+                stats.requests += 1
+                stats.records.append(record)
+                if record.ok:
+                    stats.tokens += record.completion_tokens
+                    stats.texts.append(record.text)
+                else:
+                    stats.errors += 1
+            return stats
+
+        results = await asyncio.gather(*(stream(i, p) for i, p in enumerate(prompts)))
+    return list(results), time.monotonic() - t0
+
+
+def summarize(streams: list[StreamStats], wall_s: float, duration_s: float,
+              batches_before, batches_after, rss: dict[str, float]) -> LoadReport:
+    records = [r for s in streams for r in s.records]
+    ok = [r for r in records if r.ok]
+    ttfts = [r.ttft_s * 1000.0 for r in ok if r.ttft_s is not None]
+    tpots = [metrics.tpot(r.wall_s, r.ttft_s, r.completion_tokens) * 1000.0
+             for r in ok if r.ttft_s is not None and r.completion_tokens > 1]
+    verified = sum(r.tandem.get("verified_tokens", 0) for r in ok)
+    emitted = verified + sum(r.tandem.get("unverified_tokens", 0) for r in ok)
+    before = list(batches_before.size_counts) if batches_before is not None else []
+    after = list(batches_after.size_counts) if batches_after is not None else []
+    counts = [a - (before[i] if i < len(before) else 0) for i, a in enumerate(after)]
+    passes = sum(counts)
+    tokens = sum(s.tokens for s in streams)
+    return LoadReport(
+        streams=len(streams), duration_s=duration_s, wall_s=wall_s, requests=len(records),
+        errors=len(records) - len(ok), tokens=tokens,
+        total_tokens_per_s=tokens / wall_s if wall_s > 0 else 0.0,
+        per_stream_tokens_per_s=[s.tokens / wall_s if wall_s > 0 else 0.0 for s in streams],
+        ttft_ms_p50=percentile(ttfts, 50), ttft_ms_p99=percentile(ttfts, 99),
+        tpot_ms_p50=percentile(tpots, 50), tpot_ms_p99=percentile(tpots, 99),
+        verified_share=verified / emitted if emitted else 0.0,
+        batch_passes=passes,
+        batch_mean=sum((i + 1) * n for i, n in enumerate(counts)) / passes if passes else 0.0,
+        batch_largest=max((i + 1 for i, n in enumerate(counts) if n), default=0),
+        batch_size_counts=counts, peak_rss_mb=rss,
+        first_errors=[r.error or "" for r in records if not r.ok][:5])
+
+
+def run_load(*, streams: int, duration_s: float, max_tokens: int, temperature: float,
+             prompts_file: Path, prompt_offset: int = 0, url: str | None = None,
+             cloud: str | None = None, pids: dict[str, int] | None = None,
+             log_dir: Path = Path("out/load"), cloud_args: Sequence[str] = (),
+             edge_args: Sequence[str] = ()) -> tuple[LoadReport, list[StreamStats]]:
+    prompts = load_prompts(prompts_file, streams, prompt_offset, max_chars=400)
+    with ExitStack() as stack:
+        if url is None:
+            system = stack.enter_context(spawn_system(streams, log_dir=log_dir,
+                                                      cloud_args=cloud_args, edge_args=edge_args))
+            url, cloud, pids = system.url, system.cloud_address, system.pids
+        pids = dict(pids or {})
+        before = _batches(cloud)
+        model = advertised_model(url)
+        results, wall_s = asyncio.run(drive(url, model, prompts, duration_s=duration_s,
+                                            max_tokens=max_tokens, temperature=temperature))
+        after = _batches(cloud)
+        rss = {name: mb for name, pid in pids.items() if (mb := peak_rss_mb(pid)) is not None}
+        rss["load generator"] = peak_rss_mb(os.getpid()) or 0.0
+    return summarize(results, wall_s, duration_s, before, after, rss), results
+
+
+def _batches(cloud: str | None):
+    if cloud is None:
+        return None
+    try:
+        return cloud_info(cloud).batches
+    except grpc.RpcError:
+        return None
+
+
+def write_report(path: Path, report: LoadReport) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(report), indent=2) + "\n")
