@@ -5,30 +5,38 @@ plain dataclasses and refusals are cloud.errors exceptions.
 Positions (as in the proto): a session's KV cache holds its context minus the last, "pending"
 token. A round feeds [pending] + block (k + 1 tokens) and gets k + 1 target distributions; after
 the verdict the cache is rolled back to start + n positions and the bonus token becomes the new
-pending token, so the context is start + n + 1 tokens long.
+pending token, so the context is start + n + 1 tokens long. In fast mode a Draft may carry the
+m tokens the edge emitted unverified: the pass feeds [pending] + unverified + block, the last
+k + 1 distributions verify the block, and the context becomes start + m + n + 1.
 """
 from __future__ import annotations
 
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from cloud.batcher import Batcher
+from cloud.backend import TargetBackend
 from cloud.config import BatchSettings, LimitSettings
 from cloud.errors import (ContextTooLong, InvalidRequest, ModelNotServed, PreconditionFailed,
                           SessionNotFound, ZeroDraftProbability)
+from cloud.identity import TargetIdentity, identify
+from cloud.metrics import VerifierMetrics
 from cloud.runtime.target import TargetRuntime
+from cloud.runtime.torch_backend import TorchBackend
 from cloud.sessions import Session, SessionTable
 from cloud.verify import Verdict, verify_greedy, verify_sampled
 from tandem.codec import InvalidDistribution, SparseDist
+from tandem.metrics import tau
 from tandem.sampling import SamplingParams, warp
 
 log = logging.getLogger(__name__)
 
 MODES = (0, 1, 2)  # tandem.v1.Mode: unspecified (= lossless), lossless, fast
+MODE_FAST = 2
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,8 @@ class Limits:
     max_context: int
     vocab_size: int
     max_q_entries: int
+    max_in_flight: int = 1          # Draft blocks in flight (send-ahead)
+    max_generate_tokens: int = 0    # tokens per Generate; 0 = not served
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,22 @@ class DraftRequest:
     start: int
     tokens: list[int]
     q: list[SparseDist]  # one per token when sampling; ignored for greedy
+    # Fast mode: tokens the edge emitted unverified since the last verdict; appended to the
+    # context before the block (they are context, not candidates: never tested).
+    unverified: tuple[int, ...] = ()
+    # Send-ahead: built on the previous block being fully accepted with bonus `assumed_token`;
+    # answered Discarded (not scored) when the verified context turned out otherwise.
+    ahead: bool = False
+    assumed_token: int = 0
+    in_flight: int = 1  # blocks the edge has in flight with this one
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    round: int
+    start: int
+    max_tokens: int
+    stop_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -86,18 +112,43 @@ class EvictedNotice:
     round: int
 
 
+@dataclass(frozen=True)
+class Discarded:
+    """An `ahead` block whose assumed prefix the target rejected: not scored."""
+    round: int
+    context_length: int
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    token: int
+    context_length: int
+    done: bool
+    timings: Timings
+
+
 class Engine:
-    def __init__(self, runtime: TargetRuntime, limits: LimitSettings, batch: BatchSettings) -> None:
-        self.runtime = runtime
+    def __init__(self, runtime: TargetRuntime | TargetBackend, limits: LimitSettings,
+                 batch: BatchSettings) -> None:
+        if not isinstance(runtime, TargetBackend):  # a bare TargetRuntime: the torch backend
+            runtime = TorchBackend(runtime, batch, active_sessions=lambda: self.table.active)
+        self.runtime = runtime  # the TargetBackend (cloud/backend.py) every model call goes to
         self.limits = Limits(
             max_draft_length=limits.max_draft_length,
             max_context=min(limits.max_context or runtime.max_context, runtime.max_context),
             vocab_size=runtime.vocab_size,
-            max_q_entries=limits.max_q_entries)
+            max_q_entries=limits.max_q_entries,
+            max_in_flight=limits.max_in_flight,
+            max_generate_tokens=limits.max_generate_tokens)
         self.table = SessionTable(limits.kv_budget_bytes, limits.max_sessions)
-        self.batcher = Batcher(runtime.forward, max_batch=batch.max_batch,
-                               window_ms=batch.window_ms,
-                               active_sessions=lambda: self.table.active)
+        # What edges check on every open: the served name and a hash of weights and tokenizer.
+        self.identity: TargetIdentity = getattr(runtime, "identity", None) or identify(
+            runtime.model_dir, runtime.name, runtime.fingerprint)
+        self.metrics = VerifierMetrics(model=runtime.name)
+        self.metrics.watch(sessions=lambda: self.table.active,
+                           kv_bytes=lambda: self.table.used_bytes,
+                           kv_budget_bytes=limits.kv_budget_bytes)
+        self.batcher = getattr(runtime, "batcher", None)  # the torch backend's; None on vLLM
         if limits.kv_budget_bytes < self.limits.max_context * runtime.bytes_per_token:
             log.warning("kv_budget_bytes (%d) is below one full-length session (%d tokens x %d "
                         "bytes): long contexts will be refused", limits.kv_budget_bytes,
@@ -109,7 +160,7 @@ class Engine:
         session, prefill context[:-1]."""
         self._check_open(request)
         context = request.context_ids
-        state = self.runtime.new_state()
+        state = self.runtime.new_state(request.sampling)
         session = Session(
             session_id=request.session_id or f"s-{uuid.uuid4().hex[:12]}", params=request.sampling,
             generator=torch.Generator().manual_seed(
@@ -121,12 +172,13 @@ class Engine:
         started = time.perf_counter()
         try:
             if len(context) > 1:
-                self.batcher.submit(state, context[:-1], alone=True).result()
+                self.runtime.submit(state, context[:-1], alone=True, rows=0).result()
         except BaseException:
             self.table.remove(session)
             raise
         finally:
             self.table.settle(session, state.length * self.runtime.bytes_per_token)
+        self.metrics.observe_open(len(context) - 1)
         return Opened(session=session, load=self.table.load,
                       prefill_ms=(time.perf_counter() - started) * 1000.0)
 
@@ -146,32 +198,36 @@ class Engine:
                                  f"max_context {self.limits.max_context}")
         if request.mode not in MODES:
             raise InvalidRequest(f"unknown mode {request.mode}")
+        self.runtime.check_sampling(request.sampling)  # what this backend cannot score exactly
 
     # --- Draft ------------------------------------------------------------------------------
-    def draft(self, session: Session | None, request: DraftRequest) -> RoundResult | EvictedNotice:
+    def draft(self, session: Session | None,
+              request: DraftRequest) -> RoundResult | EvictedNotice | Discarded:
         """One round: score [pending] + block, verify, roll back, commit."""
-        if session is None:
-            raise SessionNotFound("no session is open on this stream: send Open first")
-        if session.closed:
-            raise SessionNotFound(f"session {session.session_id!r} is closed")
+        self._check_live(session)
         if session.evicted:
             return EvictedNotice(session.session_id, request.round)
+        self._check_send_ahead(request)
+        if request.ahead and (request.start != session.context_length
+                              or request.assumed_token != session.pending_token):
+            return Discarded(request.round, session.context_length)
         self._check_draft(session, request)
 
-        k, start = len(request.tokens), request.start
-        grown = (start + k) * self.runtime.bytes_per_token
+        k, start, m = len(request.tokens), request.start, len(request.unverified)
+        grown = (start + m + k) * self.runtime.bytes_per_token
         victims = self.table.reserve(session, grown)
         if victims is None:  # evicted between the check above and now
             return EvictedNotice(session.session_id, request.round)
         for victim in victims:
             self._log_end(victim, "evicted")
         try:
-            block = [session.pending_token] + request.tokens                  # k + 1 tokens
-            result = self.batcher.submit(session.state, block).result()
+            # m + k + 1 tokens; the last k + 1 distributions verify the block.
+            block = [session.pending_token, *request.unverified] + request.tokens
+            result = self.runtime.submit(session.state, block, rows=k + 1).result()
             verify_started = time.perf_counter()
-            verdict = self._verify(session, request, result.logits)
+            verdict = self._verify(session, request, result.logits[m:])
             verify_ms = (time.perf_counter() - verify_started) * 1000.0
-            self.runtime.rollback(session.state, start + verdict.accepted)
+            self.runtime.rollback(session.state, start + m + verdict.accepted)
         except BaseException:
             # Undo the round's positions if the pass ran: the session is as before the Draft.
             if session.state.length > start - 1:
@@ -181,14 +237,83 @@ class Engine:
             self.table.settle(session, session.state.length * self.runtime.bytes_per_token)
 
         session.pending_token = verdict.token
-        session.context_length = start + verdict.accepted + 1
+        session.last_round = request.round
+        session.context_length = start + m + verdict.accepted + 1
         session.rounds += 1
         session.accepted_total += verdict.accepted
-        session.generated += verdict.accepted + 1
+        session.generated += m + verdict.accepted + 1
+        self.metrics.observe_round(k, verdict.accepted, result.batch_size,
+                                   result.queue_ms / 1000.0, result.forward_ms / 1000.0,
+                                   verify_ms / 1000.0)
         return RoundResult(
             round=request.round, verdict=verdict, context_length=session.context_length,
             timings=Timings(queue_ms=result.queue_ms, forward_ms=result.forward_ms,
                             verify_ms=verify_ms, batch_size=result.batch_size))
+
+    def _check_live(self, session: Session | None) -> None:
+        if session is None:
+            raise SessionNotFound("no session is open on this stream: send Open first")
+        if session.closed:
+            raise SessionNotFound(f"session {session.session_id!r} is closed")
+
+    def _check_send_ahead(self, request: DraftRequest) -> None:
+        if request.in_flight > self.limits.max_in_flight:
+            raise InvalidRequest(f"{request.in_flight} blocks in flight exceed this verifier's "
+                                 f"max_in_flight {self.limits.max_in_flight} (Limits)")
+        if request.ahead and request.unverified:
+            raise InvalidRequest("a block sent ahead cannot carry unverified tokens")
+
+    # --- Generate (cloud-generates) ---------------------------------------------------------
+    def generate(self, session: Session | None,
+                 request: GenerateRequest) -> Iterator[GeneratedToken | EvictedNotice]:
+        """The target's own decoding after the verified context: one forward pass of the pending
+        token per generated token, greedy or sampled from the warped p with the session's
+        generator (what the target alone would do). Stops after max_tokens or a stop id."""
+        self._check_live(session)
+        if not 1 <= request.max_tokens <= self.limits.max_generate_tokens:
+            raise InvalidRequest(f"Generate.max_tokens is {request.max_tokens}; this verifier "
+                                 f"serves 1..{self.limits.max_generate_tokens}")
+        if request.start != session.context_length:
+            raise PreconditionFailed(f"Generate.start is {request.start} but the session's "
+                                     f"context has {session.context_length} tokens")
+        for i in range(request.max_tokens):
+            if session.evicted:
+                yield EvictedNotice(session.session_id, request.round)
+                return
+            if session.context_length + 1 > self.limits.max_context:
+                raise ContextTooLong(f"generating would take the context past max_context "
+                                     f"{self.limits.max_context}")
+            start = session.context_length
+            victims = self.table.reserve(session, start * self.runtime.bytes_per_token)
+            if victims is None:
+                yield EvictedNotice(session.session_id, request.round)
+                return
+            for victim in victims:
+                self._log_end(victim, "evicted")
+            try:
+                result = self.runtime.submit(session.state, [session.pending_token]).result()
+                logits = result.logits[-1]                                    # [vocab]
+                if session.params.greedy:
+                    token = int(logits.argmax())
+                else:
+                    p = warp(logits[None], session.params)[0]                 # [vocab]
+                    token = int(torch.multinomial(p.double().cpu(), 1, generator=session.generator))
+            except BaseException:
+                if session.state.length > start - 1:
+                    self.runtime.rollback(session.state, start - 1)
+                raise
+            finally:
+                self.table.settle(session, session.state.length * self.runtime.bytes_per_token)
+            session.pending_token = token
+            session.context_length = start + 1
+            session.generated += 1
+            done = i == request.max_tokens - 1 or token in request.stop_ids
+            yield GeneratedToken(token=token, context_length=session.context_length, done=done,
+                                 timings=Timings(queue_ms=result.queue_ms,
+                                                 forward_ms=result.forward_ms, verify_ms=0.0,
+                                                 batch_size=result.batch_size))
+            if done:
+                return
 
     def _verify(self, session: Session, request: DraftRequest, logits: torch.Tensor) -> Verdict:
         draft_tokens = torch.tensor(request.tokens, dtype=torch.long)        # [k]
@@ -206,11 +331,20 @@ class Engine:
             raise InvalidRequest(f"block of {k} tokens exceeds max_draft_length "
                                  f"{self.limits.max_draft_length}")
         self._check_ids(request.tokens, "tokens")
+        if request.round <= session.last_round:
+            raise InvalidRequest(f"Draft.round {request.round} does not follow round "
+                                 f"{session.last_round}: rounds must increase within a session")
         if request.start != session.context_length:
             raise PreconditionFailed(f"Draft.start is {request.start} but the session's context "
                                      f"has {session.context_length} tokens")
-        if request.start + k + 1 > self.limits.max_context:
-            raise ContextTooLong(f"this round could take the context to {request.start + k + 1} "
+        if request.unverified:
+            if session.mode != MODE_FAST:
+                raise InvalidRequest("unverified tokens are only accepted in a session opened "
+                                     "with MODE_FAST")
+            self._check_ids(list(request.unverified), "unverified")
+        end = request.start + len(request.unverified) + k + 1
+        if end > self.limits.max_context:
+            raise ContextTooLong(f"this round could take the context to {end} "
                                  f"tokens, above max_context {self.limits.max_context}")
         if session.params.greedy:
             return
@@ -245,12 +379,15 @@ class Engine:
             self._log_end(session, reason)
 
     def shutdown(self) -> None:
-        self.batcher.close(timeout=30)
+        self.runtime.close(timeout=30)
 
     def _log_end(self, session: Session, reason: str) -> None:
-        log.info("session %s %s: %d prompt + %d tokens, %d rounds, mean accepted %.2f, %.2f s",
+        # τ as everywhere else (tandem.metrics): 1 + accepted per round, the bonus counted.
+        self.metrics.observe_end(reason)
+        log.info("session %s %s: %d prompt + %d tokens, %d rounds, τ %.2f, %.2f s",
                  session.session_id or "-", reason, session.prompt_tokens, session.generated,
-                 session.rounds, session.mean_accepted, time.monotonic() - session.opened_at)
+                 session.rounds, tau(session.accepted_total, session.rounds),
+                 time.monotonic() - session.opened_at)
 
 
 def _session_seed(seed: int, context_length: int) -> int:

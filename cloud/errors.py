@@ -53,3 +53,13 @@ class Unavailable(CloudError):
     """The server is shutting down."""
 
     code = "UNAVAILABLE"
+
+
+class Undecodable(InvalidRequest):
+    """A message that is not a valid ClientMessage (random bytes, a truncated frame)."""
+
+
+class StreamTimeout(CloudError):
+    """A stream sent no Open within open_timeout_s, or nothing within idle_timeout_s."""
+
+    code = "DEADLINE_EXCEEDED"

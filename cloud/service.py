@@ -16,10 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cloud.auth import ApiKeyInterceptor
-from cloud.config import CloudConfig
-from cloud.engine import DraftRequest, Engine, EvictedNotice, OpenRequest
-from cloud.errors import CloudError, InvalidRequest, PreconditionFailed
+from cloud.admission import RETRY_AFTER_HEADER, Admission, Overloaded
+from cloud.auth import ApiKeyInterceptor, key_from_metadata
+from cloud.backend import TargetBackend, load_target
+from cloud.config import CloudConfig, LimitSettings
+from cloud.engine import (Discarded, DraftRequest, Engine, EvictedNotice, GenerateRequest,
+                          OpenRequest)
+from cloud.errors import CloudError, ContextTooLong, InvalidRequest, PreconditionFailed
+from cloud.identity import TargetIdentity
+from cloud.inbox import Inbox, UndecodableMessage, lenient_deserializer
 from cloud.runtime.target import TargetRuntime
 from cloud.sessions import Session
 from tandem.codec import from_proto
@@ -31,55 +36,122 @@ from tandem.v1 import decoding_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "tandem.v1.Decoding"
+# so_reuseport off: a second server on a port in use fails to bind instead of silently
+# sharing it (the kernel would split connections between the two). Keepalive pings from
+# edges (edge/link.py: every 20 s or more, also between calls) are allowed, not answered
+# with GOAWAY "too many pings".
+SERVER_SOCKET_OPTIONS = (("grpc.so_reuseport", 0),
+                         ("grpc.keepalive_permit_without_calls", 1),
+                         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+                         ("grpc.http2.max_ping_strikes", 0))
+RESERVED_THREADS = 4   # pool threads beyond the stream slots: Info and health always answer
+MAX_NAME_CHARS = 256   # session_id, model, tokenizer_fingerprint, close reason
 
 
 class DecodingServicer(pb_grpc.DecodingServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, admission: Admission, limits: LimitSettings) -> None:
         self.engine = engine
+        self.admission = admission
+        self.open_timeout_s = limits.open_timeout_s
+        self.idle_timeout_s = limits.idle_timeout_s
 
     def Session(self, request_iterator, context) -> Iterator[pb.ServerMessage]:
-        stream = _Stream(self.engine)
-        # Runs when the RPC ends for any reason (client gone, cancelled, deadline, done).
-        context.add_callback(lambda: stream.end("stream ended"))
+        key = key_from_metadata(context.invocation_metadata()) or ""
         try:
-            for message in request_iterator:
+            self.admission.enter(key)
+        except Overloaded as exc:
+            self.engine.metrics.observe_refusal(exc.code)
+            _abort(context, exc)
+        stream = _Stream(self.engine, self.admission, key)
+        # Runs when the RPC ends for any reason (client gone, cancelled, deadline, done).
+        context.add_callback(stream.release)
+        inbox = Inbox(request_iterator)
+        try:
+            while True:
+                if stream.opened:
+                    message = inbox.next(self.idle_timeout_s, "message (idle timeout)")
+                else:
+                    message = inbox.next(self.open_timeout_s, "Open")
+                if message is None:
+                    break
                 reply = stream.handle(message)
-                if reply is not None:
+                if isinstance(reply, pb.ServerMessage):
                     yield reply
+                elif reply is not None:  # a Generate streams its tokens
+                    yield from reply
         except CloudError as exc:
             stream.end(f"refused: {exc.code}")
-            context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+            self.engine.metrics.observe_refusal(exc.code)
+            _abort(context, exc)
         except grpc.RpcError:
             raise  # the client went away or the call was cancelled: nothing to answer
         except Exception:  # noqa: BLE001 - the system's edge: log it, answer INTERNAL, serve on
             log.exception("session stream failed")
             stream.end("internal error")
+            self.engine.metrics.observe_refusal("INTERNAL")
             context.abort(grpc.StatusCode.INTERNAL, "internal error in the verifier (see its log)")
         finally:
-            stream.end("stream ended")
+            stream.release()
 
     def Info(self, request, context) -> pb.InfoReply:
+        if isinstance(request, UndecodableMessage):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not a tandem.v1.InfoRequest")
         runtime = self.engine.runtime
         return pb.InfoReply(model=runtime.name, tokenizer_fingerprint=runtime.fingerprint,
                             limits=_limits(self.engine), device=str(runtime.device),
-                            dtype=runtime.dtype, active_sessions=self.engine.table.active)
+                            dtype=runtime.dtype, active_sessions=self.engine.table.active,
+                            target=_identity(self.engine.identity),
+                            batches=_batch_stats(self.engine))
+
+
+def _batch_stats(engine: Engine) -> pb.BatchStats:
+    # A copy: the batcher thread adds to it. The vLLM backend has no batcher (vLLM batches).
+    counts = dict(engine.batcher.size_counts) if engine.batcher is not None else {}
+    largest = max(counts, default=0)
+    return pb.BatchStats(passes=sum(counts.values()),
+                         rounds=sum(size * n for size, n in counts.items()), largest=largest,
+                         size_counts=[counts.get(size, 0) for size in range(1, largest + 1)])
+
+
+def _abort(context, exc: CloudError) -> None:
+    """End the call with the error's status; an overload also says when to retry."""
+    if isinstance(exc, Overloaded):
+        context.set_trailing_metadata(
+            ((RETRY_AFTER_HEADER, str(max(int(exc.retry_after_s * 1000), 1))),))
+    context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+
+
+def _identity(identity: TargetIdentity) -> pb.TargetIdentity:
+    return pb.TargetIdentity(name=identity.name, weights_digest=identity.weights_digest,
+                             tokenizer_fingerprint=identity.tokenizer_fingerprint,
+                             digest=identity.digest)
 
 
 class _Stream:
     """One Session stream: at most one open session at a time; Open again after Evicted or
     Close is allowed."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, admission: Admission, key: str) -> None:
         self.engine = engine
+        self.admission = admission
+        self.key = key
         self.session: Session | None = None
         self._lock = threading.Lock()  # end() also runs from gRPC's termination callback
+        self._left = False
 
-    def handle(self, message: pb.ClientMessage) -> pb.ServerMessage | None:
+    @property
+    def opened(self) -> bool:
+        return self.session is not None
+
+    def handle(self, message: pb.ClientMessage
+               ) -> pb.ServerMessage | Iterator[pb.ServerMessage] | None:
         kind = message.WhichOneof("kind")
         if kind == "open":
             return self._open(message.open)
         if kind == "draft":
             return self._draft(message.draft)
+        if kind == "generate":
+            return self._generate(message.generate)
         if kind == "close":
             reason = message.close.reason
             self.end(f"closed by client: {reason}" if reason else "closed by client")
@@ -90,21 +162,31 @@ class _Stream:
         if self.session is not None and not (self.session.closed or self.session.evicted):
             raise PreconditionFailed(f"session {self.session.session_id!r} is already open on this "
                                      "stream: send Close first")
+        _check_open_sizes(message, self.engine)
         opened = self.engine.open(OpenRequest(
             session_id=message.session_id, model=message.model,
             tokenizer_fingerprint=message.tokenizer_fingerprint,
-            context_ids=list(message.context_ids), sampling=_sampling(message.sampling),
+            context_ids=list(message.context_ids), sampling=_sampling(message.sampling, self.engine.limits.vocab_size),
             mode=int(message.mode)))
         with self._lock:
             self.session = opened.session
         return pb.ServerMessage(opened=pb.Opened(
             session_id=opened.session.session_id, limits=_limits(self.engine),
-            load=opened.load, prefill_ms=opened.prefill_ms))
+            load=opened.load, prefill_ms=opened.prefill_ms,
+            target=_identity(self.engine.identity)))
 
     def _draft(self, message: pb.Draft) -> pb.ServerMessage:
+        _check_draft_sizes(message, self.engine)
+        if self.session is not None:
+            self.admission.take_draft_tokens(self.key, len(message.tokens))
         result = self.engine.draft(self.session, DraftRequest(
             round=message.round, start=message.start, tokens=list(message.tokens),
-            q=[from_proto(dist) for dist in message.q]))
+            q=[from_proto(dist) for dist in message.q], unverified=tuple(message.unverified),
+            ahead=message.ahead, assumed_token=message.assumed_token,
+            in_flight=max(message.in_flight, 1)))
+        if isinstance(result, Discarded):
+            return pb.ServerMessage(verdict=pb.Verdict(
+                round=result.round, discarded=True, context_length=result.context_length))
         if isinstance(result, EvictedNotice):
             self.end("evicted")
             return pb.ServerMessage(evicted=pb.Evicted(session_id=result.session_id,
@@ -116,16 +198,67 @@ class _Stream:
             timings=pb.Timings(queue_ms=timings.queue_ms, forward_ms=timings.forward_ms,
                                verify_ms=timings.verify_ms, batch_size=timings.batch_size)))
 
+    def _generate(self, message: pb.Generate) -> Iterator[pb.ServerMessage]:
+        tokens = self.engine.generate(self.session, GenerateRequest(
+            round=message.round, start=message.start, max_tokens=message.max_tokens,
+            stop_ids=frozenset(message.stop_ids)))
+        for item in tokens:  # a refusal (CloudError) surfaces at the first step
+            if isinstance(item, EvictedNotice):
+                self.end("evicted")
+                yield pb.ServerMessage(evicted=pb.Evicted(session_id=item.session_id,
+                                                          round=item.round))
+                return
+            t = item.timings
+            yield pb.ServerMessage(generated=pb.Generated(
+                round=message.round, token=item.token, context_length=item.context_length,
+                done=item.done, timings=pb.Timings(queue_ms=t.queue_ms, forward_ms=t.forward_ms,
+                                                   batch_size=t.batch_size)))
+
     def end(self, reason: str) -> None:
         with self._lock:
             session = self.session
         if session is not None:
             self.engine.close(session, reason)
 
+    def release(self) -> None:
+        """The stream is over: close its session and give back its slot (once)."""
+        self.end("stream ended")
+        with self._lock:
+            leave, self._left = not self._left, True
+        if leave:
+            self.admission.leave(self.key)
 
-def _sampling(message: pb.SamplingParams) -> SamplingParams:
+
+def _check_open_sizes(message: pb.Open, engine: Engine) -> None:
+    """Refuse oversized fields before any of them is converted or looked at."""
+    for name in ("session_id", "model", "tokenizer_fingerprint"):
+        if len(getattr(message, name)) > MAX_NAME_CHARS:
+            raise InvalidRequest(f"Open.{name} is longer than {MAX_NAME_CHARS} characters")
+    if len(message.context_ids) > engine.limits.max_context:
+        raise ContextTooLong(f"context of {len(message.context_ids)} tokens exceeds "
+                             f"max_context {engine.limits.max_context}")
+
+
+def _check_draft_sizes(message: pb.Draft, engine: Engine) -> None:
+    limits = engine.limits
+    for name, n in (("tokens", len(message.tokens)), ("q", len(message.q))):
+        if n > limits.max_draft_length:
+            raise InvalidRequest(f"block of {n} {name} exceeds max_draft_length "
+                                 f"{limits.max_draft_length}")
+    for i, dist in enumerate(message.q):
+        if len(dist.ids) > limits.max_q_entries or len(dist.weights) > limits.max_q_entries:
+            raise InvalidRequest(f"q at block position {i} lists {len(dist.ids)} ids and "
+                                 f"{len(dist.weights)} weights, limit is {limits.max_q_entries}")
+
+
+def _sampling(message: pb.SamplingParams, vocab_size: int) -> SamplingParams:
     if not (math.isfinite(message.temperature) and math.isfinite(message.top_p)):
         raise InvalidRequest("sampling temperature and top_p must be finite")
+    if not 0.0 <= message.top_p <= 1.0:
+        raise InvalidRequest(f"sampling top_p must be in [0, 1] (0 = off), got {message.top_p:g}")
+    if message.top_k > vocab_size:
+        raise InvalidRequest(f"sampling top_k {message.top_k} exceeds the vocabulary "
+                             f"({vocab_size}; 0 = off)")
     try:
         # The proto's top_p = 0 means "off", as does 1.
         return SamplingParams(temperature=message.temperature, top_k=message.top_k,
@@ -137,7 +270,22 @@ def _sampling(message: pb.SamplingParams) -> SamplingParams:
 def _limits(engine: Engine) -> pb.Limits:
     limits = engine.limits
     return pb.Limits(max_draft_length=limits.max_draft_length, max_context=limits.max_context,
-                     vocab_size=limits.vocab_size, max_q_entries=limits.max_q_entries)
+                     vocab_size=limits.vocab_size, max_q_entries=limits.max_q_entries,
+                     max_in_flight=limits.max_in_flight,
+                     max_generate_tokens=limits.max_generate_tokens)
+
+
+def _decoding_handlers(servicer: DecodingServicer) -> grpc.GenericRpcHandler:
+    """The generated add_DecodingServicer_to_server, but with decoders that do not raise, so
+    undecodable bytes reach the servicer and are refused with INVALID_ARGUMENT."""
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, {
+        "Session": grpc.stream_stream_rpc_method_handler(
+            servicer.Session, request_deserializer=lenient_deserializer(pb.ClientMessage),
+            response_serializer=pb.ServerMessage.SerializeToString),
+        "Info": grpc.unary_unary_rpc_method_handler(
+            servicer.Info, request_deserializer=lenient_deserializer(pb.InfoRequest),
+            response_serializer=pb.InfoReply.SerializeToString),
+    })
 
 
 class CloudServer:
@@ -174,8 +322,18 @@ class CloudServer:
         return self.grpc_server.wait_for_termination(timeout)
 
 
+def enable_reflection(server: grpc.Server) -> None:
+    """gRPC server reflection, so `grpcurl` lists and calls the services without the proto."""
+    from grpc_reflection.v1alpha import reflection
+
+    reflection.enable_server_reflection(
+        (pb.DESCRIPTOR.services_by_name["Decoding"].full_name, health.SERVICE_NAME,
+         reflection.SERVICE_NAME), server)
+
+
 def create_server(config: CloudConfig,
-                  runtime: TargetRuntime | None = None) -> tuple[CloudServer, int]:
+                  runtime: TargetRuntime | TargetBackend | None = None,
+                  ) -> tuple[CloudServer, int]:
     """Build the server (not started) and bind config.server.host:port; port 0 picks one.
 
     `runtime` lets tests share one loaded target across servers; by default the model in
@@ -196,20 +354,30 @@ def create_server(config: CloudConfig,
                 "server.api_keys_env, bind a loopback address, or set "
                 "server.allow_insecure_public: true")
     if runtime is None:
-        runtime = TargetRuntime(config.model.resolved_path(), config.model.device,
-                                config.model.dtype, name=config.model.name or None)
+        runtime = load_target(config)  # model.backend: torch or vllm
     engine = Engine(runtime, config.limits, config.batch)
+    limits = config.limits
+    admission = Admission(max_streams=settings.max_workers,
+                          max_streams_per_key=limits.max_streams_per_key,
+                          draft_tokens_per_s_per_key=limits.draft_tokens_per_s_per_key,
+                          burst_tokens=limits.max_draft_length + 1)
 
+    threads = settings.max_workers + RESERVED_THREADS
     server = grpc.server(
-        ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="tandem-grpc"),
+        ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tandem-grpc"),
         interceptors=[ApiKeyInterceptor(keys)] if keys else [],
-        # One worker thread per open stream: beyond that a call is refused, not left hanging.
-        maximum_concurrent_rpcs=settings.max_workers)
-    pb_grpc.add_DecodingServicer_to_server(DecodingServicer(engine), server)
+        # One worker thread per call: beyond that a call is refused, not left hanging. Streams
+        # are held to max_workers by Admission, so RESERVED_THREADS stay for Info and health.
+        maximum_concurrent_rpcs=threads,
+        options=[("grpc.max_receive_message_length", limits.max_message_bytes),
+                 *SERVER_SOCKET_OPTIONS])
+    server.add_generic_rpc_handlers((_decoding_handlers(DecodingServicer(engine, admission,
+                                                                         limits)),))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for service in ("", SERVICE_NAME):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    enable_reflection(server)
 
     address = f"[{settings.host}]:{settings.port}" if ":" in settings.host else \
         f"{settings.host}:{settings.port}"
@@ -224,9 +392,10 @@ def create_server(config: CloudConfig,
     except (OSError, RuntimeError) as exc:
         engine.shutdown()
         raise ConfigError(f"cannot bind {address}: {exc}") from exc
-    if port == 0:
+    if port == 0 or (settings.port and port != settings.port):
         engine.shutdown()
-        raise ConfigError(f"cannot bind {address}")
+        raise ConfigError(f"cannot bind {address}: the port is in use (or the address is not "
+                          "this host's)")
     cloud_server = CloudServer(server, engine, health_servicer, port, secure,
                                settings.shutdown_grace_s)
     return cloud_server, port

@@ -40,6 +40,7 @@ class Session:
     key: int = field(default_factory=itertools.count().__next__)  # unique within the process
     opened_at: float = field(default_factory=time.monotonic)
     rounds: int = 0
+    last_round: int = -1         # Draft.round of the last verdict: rounds must increase
     accepted_total: int = 0      # draft tokens accepted over all rounds
     generated: int = 0           # tokens committed by verdicts (accepted + bonus)
     charged_bytes: int = 0       # what the table counts against the budget
