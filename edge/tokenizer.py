@@ -15,6 +15,7 @@ class EdgeTokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"no tokenizer.json in {tokenizer_dir}")
         self._tokenizer = Tokenizer.from_file(str(path))
+        self.directory = tokenizer_dir  # where tokenizer_config.json (chat template) lives
         self.eos_id = self._eos_id(tokenizer_dir)
 
     def _eos_id(self, tokenizer_dir: Path) -> int | None:

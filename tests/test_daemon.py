@@ -259,21 +259,26 @@ def test_a_dropped_stream_frees_its_session(client, daemon, prompts):
 def test_metrics_count_rounds_tokens_and_requests(client, daemon, prompts):
     completion(client, prompts[0])
     text = httpx.get(daemon.url + "/metrics").text
-    for name in ("tandem_edge_accepted_length_count", "tandem_edge_draft_length_count",
-                 "tandem_edge_rtt_seconds_count", "tandem_edge_bytes_up_total", "tandem_edge_bytes_down_total",
-                 "tandem_edge_tokens_per_second_count", "tandem_edge_ttft_seconds_count"):
+    for name in ("tandem_edge_round_accepted_tokens_count", "tandem_edge_round_draft_tokens_count",
+                 "tandem_edge_round_trip_seconds_count", "tandem_edge_sent_bytes_total",
+                 "tandem_edge_received_bytes_total", "tandem_edge_generation_tokens_per_second_count",
+                 "tandem_edge_time_to_first_token_seconds_count", "tandem_edge_spec_decode_num_drafts_total"):
         assert _metric(text, name) > 0, name
-    assert _metric(text, 'tandem_edge_tokens_total{verified="true"}') > 0
-    assert _metric(text, 'tandem_edge_link_state{state="up"}') == 1.0
-    assert _metric(text, 'tandem_edge_requests_total{endpoint="/v1/completions",status="200"}') >= 1
-    assert 'tandem_edge_requests_total{endpoint="/v1/completions",status="404"}' in text
+    assert _metric(text, 'tandem_edge_generated_tokens_total{model="tandem-draft",verified="true"}') > 0
+    assert _metric(text, 'tandem_edge_link_state{model="tandem-draft",state="up"}') == 1.0
+    assert _metric(text, 'tandem_edge_requests_total{endpoint="/v1/completions",model="tandem-draft",'
+                         'status="200"}') >= 1
+    assert 'tandem_edge_requests_total{endpoint="/v1/completions",model="tandem-draft",status="404"}' in text
+    assert "_created" not in text
 
 
 def _metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name} not in /metrics")
+    """The value of a series; a name without labels sums the series of every label set."""
+    values = [float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith(name + " ") or ("{" not in name and line.startswith(name + "{"))]
+    if not values:
+        raise AssertionError(f"{name} not in /metrics")
+    return sum(values)
 
 
 def test_unreachable_verifier_gives_unverified_tokens_and_link_down(gguf_path, draft_dir, prompts):
@@ -288,8 +293,8 @@ def test_unreachable_verifier_gives_unverified_tokens_and_link_down(gguf_path, d
         assert out.tandem["verified_fraction"] == 0.0 and out.tandem["rounds"] == 0
         assert httpx.get(offline.url + "/healthz").json()["link_state"] == "down"
         text = httpx.get(offline.url + "/metrics").text
-        assert _metric(text, 'tandem_edge_link_state{state="down"}') == 1.0
-        assert _metric(text, 'tandem_edge_tokens_total{verified="false"}') == 8
+        assert _metric(text, 'tandem_edge_link_state{model="tandem-draft",state="down"}') == 1.0
+        assert _metric(text, 'tandem_edge_generated_tokens_total{model="tandem-draft",verified="false"}') == 8
 
 
 def test_a_verifier_that_refuses_the_session_is_a_502(target_runtime, gguf_path, draft_dir, prompts):

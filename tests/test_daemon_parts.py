@@ -37,8 +37,14 @@ def _error_for(cls, body: dict):
 def test_completion_request_defaults_follow_openai():
     req = CompletionRequest.model_validate({"model": "m", "prompt": "def f("})
     assert (req.temperature, req.top_p, req.n, req.stream, req.stop_strings) == (1.0, 1.0, 1, False, [])
-    assert CompletionRequest.model_validate({"model": "m", "prompt": ["x"]}).prompt == "x"
-    assert CompletionRequest.model_validate({"model": "m", "prompt": [[1, 2]]}).prompt == [1, 2]
+    assert CompletionRequest.model_validate({"model": "m", "prompt": ["x"]}).prompts == ["x"]
+    assert CompletionRequest.model_validate({"model": "m", "prompt": [[1, 2]]}).prompts == [[1, 2]]
+    assert CompletionRequest.model_validate({"model": "m", "prompt": [1, 2]}).prompts == [[1, 2]]
+    assert CompletionRequest.model_validate({"model": "m", "prompt": ["a", "b"]}).prompts == ["a", "b"]
+    # Unknown fields are kept aside (the app warns, or refuses in strict mode); nulls = defaults.
+    req = CompletionRequest.model_validate({"model": "m", "prompt": "x", "bogus": 1,
+                                            "temperature": None, "top_k": -1})
+    assert req.unknown_fields == ["bogus"] and req.temperature == 1.0 and req.top_k == 0
     assert CompletionRequest.model_validate({"model": "m", "prompt": "x", "stop": "\n"}).stop_strings == ["\n"]
 
 
@@ -55,10 +61,14 @@ def test_chat_request_max_completion_tokens_wins_and_parts_join():
     ({"model": "m", "prompt": "x", "temperature": 3}, "temperature", "less than or equal to 2"),
     ({"model": "m", "prompt": "x", "n": 2}, "n", "only n=1"),
     ({"model": "m", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty", "not supported"),
-    ({"model": "m", "prompt": ["a", "b"]}, "prompt", "batched prompts"),
-    ({"model": "m", "prompt": "x", "bogus": 1}, "bogus", "Unrecognized request argument"),
+    ({"model": "m", "prompt": "x", "repetition_penalty": 1.2}, "repetition_penalty", "not supported"),
+    ({"model": "m", "prompt": "x", "min_p": 0.1}, "min_p", "not supported"),
+    ({"model": "m", "prompt": "x", "logprobs": 2}, "logprobs", "not supported"),
+    ({"model": "m", "prompt": "x", "seed": 2**64}, "seed", "less than 18446744073709551616"),
+    ({"model": "m", "prompt": "x", "top_k": 2**32}, "top_k", "less than 4294967296"),
+    ({"model": "m", "prompt": [[]]}, "prompt", "must not be empty"),
     ({"model": "m"}, "prompt", "Missing required parameter"),
-    ({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+    ({"model": "m", "prompt": "x", "stop": ["s"] * 65}, "stop", "at most 64"),
 ])
 def test_invalid_completion_fields_name_the_param(body, param, needle):
     err = _error_for(CompletionRequest, body)
@@ -167,12 +177,20 @@ def test_metrics_on_a_private_registry():
                                wall_s=2.0, ttft_s=0.1, reopens=1)
     metrics.set_link_state("down")
     text = metrics.render().decode()
-    assert 'tandem_edge_tokens_total{verified="true"} 9.0' in text
-    assert 'tandem_edge_tokens_total{verified="false"} 3.0' in text
-    assert "tandem_edge_accepted_length_count 3.0" in text
-    assert "tandem_edge_rtt_seconds_sum 0.06" in text
-    assert 'tandem_edge_link_state{state="down"} 1.0' in text
-    assert 'tandem_edge_link_state{state="up"} 0.0' in text
-    assert "tandem_edge_bytes_up_total 100.0" in text
+    assert 'tandem_edge_generated_tokens_total{model="",verified="true"} 9.0' in text
+    assert 'tandem_edge_generated_tokens_total{model="",verified="false"} 3.0' in text
+    assert 'tandem_edge_round_accepted_tokens_count{model=""} 3.0' in text
+    assert 'tandem_edge_round_trip_seconds_sum{model=""} 0.06' in text
+    assert 'tandem_edge_link_state{model="",state="down"} 1.0' in text
+    assert 'tandem_edge_link_state{model="",state="up"} 0.0' in text
+    assert 'tandem_edge_sent_bytes_total{model=""} 100.0' in text
+    # vLLM's spec-decode counters: τ = 1 + 7 / 3 from the rounds above; per position.
+    assert 'tandem_edge_spec_decode_num_drafts_total{model=""} 3.0' in text
+    assert 'tandem_edge_spec_decode_num_draft_tokens_total{model=""} 10.0' in text
+    assert 'tandem_edge_spec_decode_num_accepted_tokens_total{model=""} 7.0' in text
+    assert 'tandem_edge_spec_decode_num_accepted_tokens_per_pos_total{model="",position="0"} 3.0' in text
+    assert 'tandem_edge_spec_decode_num_accepted_tokens_per_pos_total{model="",position="1"} 2.0' in text
+    assert 'tandem_edge_spec_decode_num_accepted_tokens_per_pos_total{model="",position="3"} 1.0' in text
+    assert "_created" not in text
     # A second daemon in the same process gets its own registry without clashes.
     DaemonMetrics(CollectorRegistry())

@@ -9,9 +9,8 @@ Text <-> ids uses the HF `tokenizers` library only (edge.tokenizer.EdgeTokenizer
 the client's on_tokens callback feeds an incremental detokenizer and the stop-string matcher,
 and complete text deltas go to the HTTP side as they form.
 
-Chat template. The shipped model is a code LM without chat training, so the template is
-deliberately plain and documented: the messages' contents in order, joined by one newline;
-roles are not rendered. A model with a chat template would plug its own `chat_prompt` in here.
+Chat prompts: the tokenizer's own chat template when it has one (edge/daemon/chat_template.py);
+the shipped code models have none, so theirs is the documented plain join of the contents.
 An empty prompt starts a new document: the end-of-text token the model saw between files.
 """
 from __future__ import annotations
@@ -32,6 +31,7 @@ from edge.client import (CloudUnavailable, EdgeClient, GenerationRequest, Genera
                          RoundRecord,
                          ProtocolError, VerifierRefused)
 from edge.config import ClientConfig, DaemonConfig
+from edge.daemon.chat_template import ChatTemplate, TemplateError, plain_chat_prompt
 from edge.daemon.detokenizer import IncrementalDetokenizer
 from edge.daemon.errors import (ApiError, ContextLengthExceeded, GenerationFailed,
                                 GenerationTimeout, InvalidRequest, ModelNotFound, Overloaded,
@@ -50,12 +50,9 @@ log = logging.getLogger(__name__)
 FinishReason = Literal["stop", "length"]
 OnText = Callable[[str], None]
 
-CHAT_SEPARATOR = "\n"
-
-
 def chat_prompt(messages: Sequence[ChatMessageIn]) -> str:
-    """The documented chat template of the shipped code model (see the module docstring)."""
-    return CHAT_SEPARATOR.join(message.text for message in messages)
+    """The documented plain prompt of the shipped code models (see chat_template.py)."""
+    return plain_chat_prompt([message.template_dict() for message in messages])
 
 
 @dataclass(frozen=True)
@@ -67,6 +64,7 @@ class GenerationJob:
     stop_strings: tuple[str, ...] = ()
     draft_length: int | None = None   # None = the client config's
     trace: bool = False               # return the per-round trace in the stats
+    ignore_eos: bool = False          # do not stop at the tokenizer's end of text
 
 
 @dataclass(frozen=True)
@@ -100,6 +98,8 @@ class Engine:
         self.config = config
         self.metrics = metrics
         self.tokenizer = tokenizer
+        self.chat_template = ChatTemplate.from_dir(tokenizer.directory) \
+            if getattr(tokenizer, "directory", None) else ChatTemplate(None)
         self.context_limit = context_limit
         self.backend = runtimes[0].name
         self._raw_channel = channel
@@ -125,19 +125,23 @@ class Engine:
         return ModelList(data=[self.model_card()])
 
     def model_card(self) -> ModelCard:
-        return ModelCard(id=self.config.model_name, created=self.created)
+        return ModelCard(id=self.config.model_name, created=self.created,
+                         max_model_len=self.context_limit)
 
     def check_model(self, model: str) -> None:
         if model != self.config.model_name:
             raise ModelNotFound(model)
 
-    def completion_job(self, req: CompletionRequest) -> tuple[GenerationJob, str]:
-        """The job and the prompt text (for `echo`)."""
+    def completion_job(self, req: CompletionRequest, prompt: str | list[int] | None = None
+                       ) -> tuple[GenerationJob, str]:
+        """The job and the prompt text (for `echo`) of `prompt` (default: the request's only
+        prompt). Tokenizes: call it off the event loop."""
         self.check_model(req.model)
-        if isinstance(req.prompt, str):
-            ids, text = self.tokenizer.encode(req.prompt), req.prompt
+        prompt = req.prompts[0] if prompt is None else prompt
+        if isinstance(prompt, str):
+            ids, text = self.tokenizer.encode(prompt), prompt
         else:
-            ids = [int(t) for t in req.prompt]
+            ids = [int(t) for t in prompt]
             bad = [t for t in ids if not 0 <= t < self.tokenizer.vocab_size]
             if bad:
                 raise InvalidRequest(f"token id {bad[0]} outside the vocabulary "
@@ -147,7 +151,14 @@ class Engine:
 
     def chat_job(self, req: ChatCompletionRequest) -> GenerationJob:
         self.check_model(req.model)
-        return self._job(req, self.tokenizer.encode(chat_prompt(req.messages)), prompt_param="messages")
+        try:
+            text = self.chat_template.render(
+                [m.template_dict() for m in req.messages], tools=req.tools,
+                add_generation_prompt=req.add_generation_prompt,
+                extra=req.chat_template_kwargs)
+        except TemplateError as exc:
+            raise InvalidRequest(str(exc), param="messages") from exc
+        return self._job(req, self.tokenizer.encode(text), prompt_param="messages")
 
     def _job(self, req: CompletionRequest | ChatCompletionRequest, ids: list[int],
              prompt_param: str) -> GenerationJob:
@@ -171,7 +182,7 @@ class Engine:
         sampling = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed)
         return GenerationJob(prompt_ids=tuple(ids), max_tokens=max_tokens, sampling=sampling,
                              stop_strings=tuple(req.stop_strings), draft_length=req.draft_length,
-                             trace=req.tandem_trace)
+                             trace=req.tandem_trace, ignore_eos=req.ignore_eos)
 
     # ---- running ------------------------------------------------------------------------
 
@@ -233,7 +244,7 @@ class Engine:
 
     def _generate(self, client: EdgeClient, job: GenerationJob, on_text: OnText | None,
                   halt: threading.Event) -> GenerationOutput:
-        stop_ids = self.tokenizer.stop_ids
+        stop_ids = frozenset() if job.ignore_eos else self.tokenizer.stop_ids
         detok = IncrementalDetokenizer(self.tokenizer.decode)
         stops = StopMatcher(job.stop_strings)
         emitted = _Emitted(t0=time.monotonic())
@@ -250,14 +261,19 @@ class Engine:
             sets `halt`, the client's stop event, which also ends a verdict wait at once."""
             if emitted.first_token_s is None:
                 emitted.first_token_s = time.monotonic() - emitted.t0
-            emitted.token_ids.extend(ids)
-            emitted.verified.extend(verified)
             self._note_link(all(verified), rounds)
-            # The eos that ends a generation is part of the client's output, not of the text.
-            release(stops.push(detok.push([t for t in ids if t not in stop_ids])))
-            if stops.stopped:
-                emitted.halted = "stop"
-                return False
+            # Token by token when stop strings are set: the output (and completion_tokens) ends
+            # with the token that completed a stop string, as in vLLM, not with its block.
+            step = 1 if job.stop_strings else max(len(ids), 1)
+            for i in range(0, len(ids), step):
+                chunk = ids[i:i + step]
+                emitted.token_ids.extend(chunk)
+                emitted.verified.extend(verified[i:i + step])
+                # The eos that ends a generation is part of the client's output, not the text.
+                release(stops.push(detok.push([t for t in chunk if t not in stop_ids])))
+                if stops.stopped:
+                    emitted.halted = "stop"
+                    return False
             if time.monotonic() > deadline:
                 emitted.halted = "timeout"
                 return False
@@ -297,6 +313,8 @@ class Engine:
         state = "down" if not verified else (
             "degraded" if any(r.attempts > 1 or r.mode == "local" for r in rounds) else "up")
         if state != self.link_state:
+            log.warning("verifier link %s -> %s%s", self.link_state, state,
+                        " (tokens are generated locally, unverified)" if state == "down" else "")
             self.link_state = state
             self.metrics.set_link_state(state)
 

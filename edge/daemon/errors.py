@@ -16,6 +16,7 @@ class ApiError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str | None = None
+    retry_after_s: int | None = None  # sent as Retry-After (every 503 has one)
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -38,6 +39,19 @@ class InvalidRequest(ApiError):
 class ContextLengthExceeded(InvalidRequest):
     """The prompt (or prompt + max_tokens) does not fit the configured limits."""
     code = "context_length_exceeded"
+
+
+class Unauthorized(ApiError):
+    """No or a wrong daemon API key (daemon.api_key)."""
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class BodyTooLarge(InvalidRequest):
+    """The body passed daemon.max_body_bytes while it was read."""
+    status = 413
+    code = "request_too_large"
 
 
 class ModelNotFound(ApiError):
@@ -66,6 +80,7 @@ class Overloaded(ApiError):
     status = 503
     type = "server_error"
     code = "overloaded"
+    retry_after_s = 1
 
 
 class GenerationTimeout(ApiError):
@@ -86,6 +101,7 @@ class VerifierUnavailable(ApiError):
     status = 503
     type = "server_error"
     code = "verifier_unavailable"
+    retry_after_s = 5
 
 
 class GenerationFailed(ApiError):

@@ -1,11 +1,16 @@
 """OpenAI-compatible request and response bodies for /v1/completions, /v1/chat/completions and
 /v1/models, plus the error body.
 
-Requests accept the OpenAI fields a client commonly sends. Fields whose non-default value would
-change what the target model's output means (penalties, logit bias, logprobs, n > 1, tools) are
-refused with a 400 rather than silently ignored; unknown fields are refused as OpenAI does.
+Requests accept the OpenAI fields a client commonly sends, and like vLLM and llama.cpp they
+ignore fields they do not know (the daemon logs a warning naming them; `daemon.strict_openai`
+turns that into a 400). Options whose non-default value would change the target's distribution
+(penalties, logit bias, min_p, logprobs, n > 1, constrained output) are refused with a 400 rather
+than silently ignored, because the output must stay the target's. Numbers are checked against
+the ranges the wire can carry (seed < 2^64, top_k < 2^32), and text must be valid Unicode (no
+lone surrogates), so bad input is a 400, never a 500.
 Tandem's extensions (sent by OpenAI clients through `extra_body`): `top_k`, `draft_length`
-(the first round's draft length) and `tandem_trace` (return the per-round trace in the stats).
+(the first round's draft length), `ignore_eos` and `tandem_trace` (return the per-round trace in
+the stats).
 
 Every response carries Tandem's own statistics in the extra top-level field `tandem`, which
 OpenAI clients keep as an extra attribute and otherwise ignore.
@@ -16,41 +21,113 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+MAX_STOP_STRINGS = 64      # vLLM and llama.cpp set no limit; IDE plugins send 6 or more
+MAX_STOP_LENGTH = 1024     # characters in one stop string
+MAX_PROMPTS = 64           # prompts in one /v1/completions request
+UINT64 = 2**64
+UINT32 = 2**32
+
+
+def _surrogate_path(value: Any, path: str = "") -> str | None:
+    """The location of the first string holding a lone surrogate (not encodable as UTF-8)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _surrogate_path(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
 # ---------------------------------------------------------------------------------------------
 # Requests
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Unknown fields are kept in `model_extra`; the app warns about them (or refuses them in
+    # strict mode) instead of failing every client that sends one more option.
+    model_config = ConfigDict(extra="allow")
 
     model: str = Field(description="advertised model id (see GET /v1/models)")
-    max_tokens: int | None = Field(None, ge=1, description="tokens to generate; None = daemon default")
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
-    top_p: float = Field(1.0, ge=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="Tandem extension; 0 = off")
-    seed: int | None = Field(None, ge=0, description="sampling seed; None = daemon picks one")
-    stop: str | list[str] | None = Field(None, description="up to 4 stop strings")
-    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1, lt=UINT32,
+                                   description="tokens to generate; None = daemon default")
+    temperature: float | None = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
+    top_p: float | None = Field(1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(0, ge=-1, lt=UINT32, description="Tandem extension; 0 or -1 = off")
+    min_p: float | None = Field(None, ge=0.0, le=1.0, description="only 0 (off) is supported")
+    seed: int | None = Field(None, ge=0, lt=UINT64, description="sampling seed; None = daemon picks one")
+    stop: str | list[str] | None = Field(None, description=f"up to {MAX_STOP_STRINGS} stop strings")
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, description="only 1 is supported")
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    n: int | None = Field(1, description="only 1 is supported")
+    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = 0.0
+    repetition_penalty: float | None = Field(None, description="only 1 (off) is supported")
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    service_tier: str | None = Field(None, description="accepted and ignored")
+    ignore_eos: bool = Field(False, description="do not stop at the model's end of text")
     draft_length: int | None = Field(None, ge=1, le=64, description="Tandem extension: first round's draft length")
     tandem_trace: bool = Field(False, description="Tandem extension: include the per-round trace")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = _surrogate_path(data)
+        if where is not None:
+            raise ValueError(f"{where}: text holds a lone UTF-16 surrogate (not valid Unicode)")
+        return data
+
+    @model_validator(mode="after")
+    def _nulls_are_defaults(self) -> _Request:
+        # OpenAI clients send explicit nulls for options they leave unset.
+        for name in ("temperature", "top_p", "top_k", "n", "stream", "frequency_penalty",
+                     "presence_penalty"):
+            if getattr(self, name) is None:
+                setattr(self, name, type(self).model_fields[name].default)
+        if self.top_k == -1:  # vLLM's spelling of "off"
+            self.top_k = 0
+        return self
+
+    @field_validator("min_p")
+    @classmethod
+    def _no_min_p(cls, value: float | None) -> float | None:
+        if value:
+            raise ValueError("min_p is not supported (it would change the target's distribution)")
+        return value
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _no_repetition_penalty(cls, value: float | None) -> float | None:
+        if value not in (None, 1.0):
+            raise ValueError("penalties are not supported (they would change the target's "
+                             "distribution)")
+        return value
+
+    @property
+    def unknown_fields(self) -> list[str]:
+        return sorted(self.model_extra or {})
+
     @field_validator("n")
     @classmethod
-    def _single_choice(cls, n: int) -> int:
-        if n != 1:
+    def _single_choice(cls, n: int | None) -> int | None:
+        if n not in (None, 1):
             raise ValueError("only n=1 is supported")
         return n
 
     @field_validator("frequency_penalty", "presence_penalty")
     @classmethod
-    def _no_penalty(cls, value: float) -> float:
-        if value != 0.0:
+    def _no_penalty(cls, value: float | None) -> float | None:
+        if value:
             raise ValueError("penalties are not supported (they would change the target's distribution)")
         return value
 
@@ -65,11 +142,11 @@ class _Request(BaseModel):
     @classmethod
     def _stop_list(cls, value: str | list[str] | None) -> list[str]:
         stops = [value] if isinstance(value, str) else list(value or [])
-        if len(stops) > 4:
-            raise ValueError("at most 4 stop sequences")
-        if any(not s for s in stops):
-            raise ValueError("stop sequences must be non-empty")
-        return stops
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences")
+        if any(len(s) > MAX_STOP_LENGTH for s in stops):
+            raise ValueError(f"a stop sequence may hold at most {MAX_STOP_LENGTH} characters")
+        return [s for s in stops if s]  # an empty stop string can never match: ignored
 
     @property
     def stop_strings(self) -> list[str]:
@@ -81,42 +158,48 @@ class _Request(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = Field(False, description="accepted; usage comes in "
+                                                                   "the last chunk")
 
 
 class CompletionRequest(_Request):
-    """POST /v1/completions. `prompt` is text or a list of token ids (one prompt per request)."""
+    """POST /v1/completions. `prompt` is text, a list of token ids, or a list of several of
+    either (one choice per prompt, `index` in order)."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
-    logprobs: int | None = None
-    suffix: str | None = None
+    echo: bool | None = False
+    logprobs: int | None = Field(None, ge=0, le=5)
+    suffix: str | None = Field(None, description="fill-in-the-middle is not supported: a "
+                                                 "non-empty suffix is ignored with a warning")
     best_of: int | None = None
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value: Any) -> str | list[int]:
+    def _prompts(cls, value: Any) -> Any:
         if isinstance(value, list) and value and isinstance(value[0], (str, list)):
-            if len(value) != 1:
-                raise ValueError("batched prompts are not supported; send one prompt per request")
-            value = value[0]
-        if isinstance(value, list) and not value:
+            if len(value) > MAX_PROMPTS:
+                raise ValueError(f"at most {MAX_PROMPTS} prompts in one request")
+            if any(isinstance(p, list) and not p for p in value):
+                raise ValueError("a token-id prompt must not be empty")
+        elif isinstance(value, list) and not value:
             raise ValueError("prompt must not be empty")
         return value
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of this request, one per choice."""
+        value = self.prompt
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+            return list(value)  # type: ignore[arg-type]
+        return [value]  # type: ignore[list-item]
 
     @field_validator("logprobs")
     @classmethod
     def _no_logprobs(cls, value: int | None) -> int | None:
         if value:
             raise ValueError("logprobs are not supported")
-        return value
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, value: str | None) -> str | None:
-        if value:
-            raise ValueError("suffix (insertion) is not supported")
         return value
 
     @field_validator("best_of")
@@ -127,47 +210,88 @@ class CompletionRequest(_Request):
         return value
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
-    text: str
+class ContentPart(BaseModel):
+    """One part of a message's content. Only text can be served by a text model."""
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> ContentPart:
+        if self.type not in ("text", "input_text"):
+            raise ValueError(f"content parts of type {self.type!r} are not supported by this "
+                             "text model; send text")
+        if self.text is None:
+            raise ValueError("a text content part needs `text`")
+        return self
 
 
 class ChatMessageIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    """One message in the shapes of the OpenAI spec: an assistant turn may carry `tool_calls`
+    with null content; a `tool` message answers a call by `tool_call_id`."""
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessageIn:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content (only an assistant message "
+                             "with tool_calls may have null content)")
+        return self
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text or "" for part in self.content)
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it (content flattened to text)."""
+        out: dict[str, Any] = {**(self.model_extra or {}), "role": self.role,
+                               "content": None if self.content is None else self.text}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
 
 
 class ChatCompletionRequest(_Request):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
+    max_completion_tokens: int | None = Field(None, ge=1, lt=UINT32)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = Field(None, description="passed to the chat template "
+                                                                 "when it renders tools")
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="extra variables for the chat template (e.g. enable_thinking)")
+    add_generation_prompt: bool = Field(True, description="end the prompt with the template's "
+                                                          "assistant header")
 
     @model_validator(mode="after")
     def _supported(self) -> ChatCompletionRequest:
         if self.logprobs or self.top_logprobs:
             raise ValueError("logprobs are not supported")
-        if self.tools or self.tool_choice not in (None, "none", "auto"):
-            raise ValueError("tools are not supported")
+        if self.tool_choice not in (None, "none", "auto"):
+            # Forcing a call would constrain decoding, and so change the target's distribution.
+            raise ValueError("tool_choice may be 'auto' or 'none'; forcing a tool call is not "
+                             "supported")
         if self.response_format and self.response_format.get("type") != "text":
-            raise ValueError("only response_format type 'text' is supported")
+            raise ValueError("only response_format type 'text' is supported (constrained output "
+                             "would change the target's distribution)")
         if self.max_completion_tokens is not None:
             # The newer name wins; both mean "tokens to generate".
             self.max_tokens = self.max_completion_tokens
@@ -218,6 +342,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: None = None
     finish_reason: Literal["stop", "length"] | None
+    tandem: TandemStats | None = Field(None, description="this choice's stats, when a request "
+                                                         "has several prompts")
 
 
 class CompletionResponse(BaseModel):
@@ -281,6 +407,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "tandem"
+    max_model_len: int | None = Field(None, description="context length in tokens (prompt + "
+                                                        "output), as vLLM reports it")
 
 
 class ModelList(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from edge.daemon import sse
 from edge.daemon.engine import GenerationOutput, TextStream
@@ -31,11 +31,26 @@ def usage(out: GenerationOutput) -> Usage:
                  total_tokens=out.prompt_tokens + out.completion_tokens)
 
 
-def completion_response(out: GenerationOutput, model: str, echo_text: str = "") -> CompletionResponse:
+def completion_response(outs: Sequence[GenerationOutput], model: str,
+                        echo_texts: Sequence[str] = ()) -> CompletionResponse:
+    """One choice per prompt (`index` in order); usage summed over them. `tandem` holds the
+    first choice's stats (the only one for one prompt); each choice carries its own when there
+    are several."""
+    echoes = list(echo_texts) or [""] * len(outs)
+    several = len(outs) > 1
     return CompletionResponse(
         id=new_id("cmpl"), created=int(time.time()), model=model,
-        choices=[CompletionChoice(text=echo_text + out.text, finish_reason=out.finish_reason)],
-        usage=usage(out), tandem=out.stats)
+        choices=[CompletionChoice(index=i, text=echo + out.text, finish_reason=out.finish_reason,
+                                  tandem=out.stats if several else None)
+                 for i, (out, echo) in enumerate(zip(outs, echoes))],
+        usage=total_usage(outs), tandem=outs[0].stats)
+
+
+def total_usage(outs: Sequence[GenerationOutput]) -> Usage:
+    prompt = sum(out.prompt_tokens for out in outs)
+    completion = sum(out.completion_tokens for out in outs)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion,
+                 total_tokens=prompt + completion)
 
 
 def chat_response(out: GenerationOutput, model: str) -> ChatCompletionResponse:
@@ -45,34 +60,53 @@ def chat_response(out: GenerationOutput, model: str) -> ChatCompletionResponse:
         usage=usage(out), tandem=out.stats)
 
 
-async def completion_events(stream: TextStream, model: str, include_usage: bool,
-                            echo_text: str = "") -> AsyncIterator[bytes]:
-    """SSE chunks of /v1/completions: text deltas, then a chunk with finish_reason and the
-    `tandem` stats, then (stream_options.include_usage) a usage chunk with no choices."""
+async def completion_events(streams: Sequence[Callable[[], TextStream]], model: str,
+                            include_usage: bool, echo_texts: Sequence[str] = (),
+                            on_done: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
+    """SSE chunks of /v1/completions: for each prompt in turn (choice `index`), text deltas,
+    then a chunk with finish_reason and the `tandem` stats; then (stream_options.include_usage)
+    a usage chunk with no choices. `streams` start their generation when called (the first
+    one should already be admitted, so an overload is still an HTTP status)."""
     cid, created = new_id("cmpl"), int(time.time())
+    echoes = list(echo_texts) or [""] * len(streams)
+    outs: list[GenerationOutput] = []
 
     def chunk(choices: list[CompletionChoice], **extra) -> bytes:
         return sse.event(CompletionResponse(id=cid, created=created, model=model, choices=choices, **extra))
 
-    def text(piece: str, finish_reason: str | None = None) -> list[CompletionChoice]:
-        return [CompletionChoice(text=piece, finish_reason=finish_reason)]
+    for index, (start, echo_text) in enumerate(zip(streams, echoes)):
+        def text(piece: str, finish_reason: str | None = None) -> list[CompletionChoice]:
+            return [CompletionChoice(index=index, text=piece, finish_reason=finish_reason)]
 
-    if echo_text:
-        yield chunk(text(echo_text))
-    async for item in _guarded(stream):
-        if isinstance(item, ApiError):
-            yield sse.event(item.body())
+        if echo_text:
+            yield chunk(text(echo_text))
+        try:
+            stream = start()
+        except ApiError as exc:
+            yield sse.event(exc.body())
             break
-        if isinstance(item, str):
-            yield chunk(text(item))
-            continue
-        yield chunk(text("", item.finish_reason), tandem=item.stats)
-        if include_usage:
-            yield chunk([], usage=usage(item))
+        failed = False
+        async for item in _guarded(stream):
+            if isinstance(item, ApiError):
+                yield sse.event(item.body())
+                failed = True
+                break
+            if isinstance(item, str):
+                yield chunk(text(item))
+                continue
+            outs.append(item)
+            yield chunk(text("", item.finish_reason), tandem=item.stats)
+        if failed:
+            break
+    if outs and include_usage:
+        yield chunk([], usage=total_usage(outs))
+    if on_done is not None:
+        on_done(sum(out.completion_tokens for out in outs))
     yield sse.DONE
 
 
-async def chat_events(stream: TextStream, model: str, include_usage: bool) -> AsyncIterator[bytes]:
+async def chat_events(stream: TextStream, model: str, include_usage: bool,
+                      on_done: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
     """SSE chunks of /v1/chat/completions: a role chunk, content deltas, a chunk with
     finish_reason and the `tandem` stats, then (include_usage) a usage chunk with no choices."""
     cid, created = new_id("chatcmpl"), int(time.time())
@@ -91,6 +125,8 @@ async def chat_events(stream: TextStream, model: str, include_usage: bool) -> As
         yield chunk([ChatChunkChoice(delta=ChatDelta(), finish_reason=item.finish_reason)], tandem=item.stats)
         if include_usage:
             yield chunk([], usage=usage(item))
+        if on_done is not None:
+            on_done(item.completion_tokens)
     yield sse.DONE
 
 

@@ -7,6 +7,7 @@ engine halts running generations, waits for its workers and closes the runtimes 
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import threading
@@ -15,13 +16,14 @@ import time
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from edge.config import EdgeConfig
+from edge.config import DaemonConfig, EdgeConfig
 from edge.daemon.app import create_app
 from edge.daemon.engine import Engine
 from edge.daemon.metrics import DaemonMetrics
 from edge.link import call_metadata, make_channel
 from edge.runtime import load_draft_runtime
 from edge.tokenizer import EdgeTokenizer
+from tandem.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -39,20 +41,63 @@ def load_engine(config: EdgeConfig, registry: CollectorRegistry | None = None) -
         raise
     return Engine(config=config.daemon, client_config=config.client, channel=make_channel(config.cloud),
                   runtimes=runtimes, tokenizer=tokenizer,
-                  metrics=DaemonMetrics(registry if registry is not None else CollectorRegistry()),
+                  metrics=DaemonMetrics(registry if registry is not None else CollectorRegistry(),
+                                        model=config.daemon.model_name),
                   context_limit=config.draft.n_ctx, metadata=call_metadata(config.cloud))
 
 
-def _uvicorn(engine: Engine, host: str, port: int) -> uvicorn.Server:
-    return uvicorn.Server(uvicorn.Config(create_app(engine), host=host, port=port,
-                                         log_level=engine.config.log_level, access_log=False,
-                                         lifespan="off", timeout_graceful_shutdown=5))
+class _Server(uvicorn.Server):
+    """uvicorn's server, logging one line once it listens (with the port really bound)."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine, verifier: str) -> None:
+        super().__init__(config)
+        self._engine = engine
+        self._verifier = verifier
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if not self.started:
+            return
+        bound = [s.getsockname() for server in self.servers for s in server.sockets]
+        daemon = self._engine.config
+        log.info("listening on %s, model %s (%s draft), verifier %s, %s", ", ".join(
+            f"http://{addr[0]}:{addr[1]}" for addr in bound), daemon.model_name,
+            self._engine.backend, self._verifier,
+            "API key required" if daemon.api_key else "no API key")
+
+
+def _uvicorn(engine: Engine, host: str, port: int, verifier: str = "?") -> uvicorn.Server:
+    # uvicorn's own access log is off: app._AccessLog writes one line with the token count.
+    level = "debug" if engine.config.log_level == "trace" else engine.config.log_level
+    return _Server(uvicorn.Config(create_app(engine), host=host, port=port, log_level=level,
+                                  access_log=False, lifespan="off", timeout_graceful_shutdown=5),
+                   engine, verifier)
+
+
+def check_exposure(daemon: DaemonConfig) -> None:
+    """A daemon reachable beyond loopback must ask for a key: it spends the verifier's."""
+    if daemon.api_key or daemon.allow_insecure_public or is_loopback(daemon.host):
+        return
+    raise ConfigError(f"refusing to serve {daemon.host} without an API key: set daemon.api_key "
+                      "(e.g. TANDEM_EDGE_DAEMON__API_KEY), bind 127.0.0.1, or set "
+                      "daemon.allow_insecure_public: true")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name or 0.0.0.0: reachable from elsewhere
 
 
 def serve(config: EdgeConfig) -> None:
-    """Run in the foreground until SIGTERM / SIGINT."""
+    """Run in the foreground until SIGTERM / SIGINT. Raises ConfigError for an exposed daemon
+    without a key."""
+    check_exposure(config.daemon)
     engine = load_engine(config)
-    server = _uvicorn(engine, config.daemon.host, config.daemon.port)
+    server = _uvicorn(engine, config.daemon.host, config.daemon.port, config.cloud.address)
     # uvicorn handles SIGTERM/SIGINT while it runs, then restores the previous handlers and
     # re-raises the signal: with these in place the re-raise only lands here, so the engine
     # still closes and the process exits 0 rather than dying of the signal.
