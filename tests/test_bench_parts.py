@@ -4,6 +4,7 @@ the energy accounting."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,9 @@ from bench.bench.results import (ROW_FIELDS, Generation, Row, agreement, format_
 from edge.config import DeviceProfile
 from edge.control.policy import RoundView
 from edge.runtime.base import DraftRuntime
-from tandem.config import ConfigError
+from tandem.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class ScriptedDraft(DraftRuntime):
@@ -67,6 +70,12 @@ def test_configuration_names_are_the_issues():
     with pytest.raises(ValueError):
         BenchConfig(configurations=("fixed-k4", "magic"))
     BenchConfig(configurations=("fixed-k3",))  # any fixed k
+
+
+def test_shipped_bench_config_validates_and_runs_every_configuration():
+    config = load_config(ROOT / "configs/bench.yaml", BenchConfig)
+    assert config.configurations == ALL_CONFIGURATIONS
+    assert config.client_overrides["adaptive-pipelined"] == BenchConfig().client_overrides["adaptive-pipelined"]
 
 
 def test_shipped_device_profiles_load():

@@ -178,7 +178,10 @@ def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: 
                         clients = {}
                         for name in names:
                             cc = client_config(config, edge.client, name, device)
-                            clients[name] = EdgeClient(channel, draft, cc, policy=build_policy(name, cc))
+                            # cloud-only drafts nothing; its client still syncs the draft's cache
+                            # once, which a device would not do at all: let that cost nothing.
+                            own = base_draft if name == "cloud-only" else draft
+                            clients[name] = EdgeClient(channel, own, cc, policy=build_policy(name, cc))
                         for i, prompt in enumerate(prompts):
                             for name in names:
                                 g = _one(config, name, clients[name], draft, device, profile.name,
