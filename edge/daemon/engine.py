@@ -179,7 +179,10 @@ class Engine:
                 f"this model's context holds {self.context_limit} tokens; the prompt has {len(ids)} "
                 f"and max_tokens asks for {max_tokens} more", param="max_tokens")
         seed = req.seed if req.seed is not None else random.SystemRandom().randrange(2**31)
-        sampling = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed)
+        # top_k at or above the vocabulary keeps every token: the same as off (0), which is what
+        # the verifier accepts.
+        top_k = req.top_k if req.top_k < self.tokenizer.vocab_size else 0
+        sampling = SamplingParams(temperature=req.temperature, top_k=top_k, top_p=req.top_p, seed=seed)
         return GenerationJob(prompt_ids=tuple(ids), max_tokens=max_tokens, sampling=sampling,
                              stop_strings=tuple(req.stop_strings), draft_length=req.draft_length,
                              trace=req.tandem_trace, ignore_eos=req.ignore_eos)

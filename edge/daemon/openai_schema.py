@@ -281,17 +281,32 @@ class ChatCompletionRequest(_Request):
     add_generation_prompt: bool = Field(True, description="end the prompt with the template's "
                                                           "assistant header")
 
-    @model_validator(mode="after")
-    def _supported(self) -> ChatCompletionRequest:
-        if self.logprobs or self.top_logprobs:
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_chat_logprobs(cls, value: Any) -> Any:
+        if value:
             raise ValueError("logprobs are not supported")
-        if self.tool_choice not in (None, "none", "auto"):
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: Any) -> Any:
+        if value not in (None, "none", "auto"):
             # Forcing a call would constrain decoding, and so change the target's distribution.
             raise ValueError("tool_choice may be 'auto' or 'none'; forcing a tool call is not "
                              "supported")
-        if self.response_format and self.response_format.get("type") != "text":
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value and value.get("type") != "text":
             raise ValueError("only response_format type 'text' is supported (constrained output "
                              "would change the target's distribution)")
+        return value
+
+    @model_validator(mode="after")
+    def _supported(self) -> ChatCompletionRequest:
         if self.max_completion_tokens is not None:
             # The newer name wins; both mean "tokens to generate".
             self.max_tokens = self.max_completion_tokens
