@@ -194,6 +194,35 @@ class ClientConfig(Settings):
     max_evictions_per_round: int = Field(8, ge=1, le=1000,
                                          description="re-opens after Evicted for one round "
                                                      "before the link counts as broken")
+    # --- the offline policy (edge/control/offline.py, edge/link_monitor.py) ---------------------
+    target_digest: str = Field("", pattern=r"^(sha256:[0-9a-f]{64})?$", description=(
+        "pin the verifier's target: its identity digest (tandem-cloud info: target.digest); "
+        "every open and re-open must report it, else the request fails naming both; empty = "
+        "no pin (a generation still refuses a target that changes mid-way)"))
+    offline: Literal["continue", "wait", "require_verified"] = Field("continue", description=(
+        "while the verifier is away: continue (generate locally, tokens unverified), wait "
+        "(pause up to offline_wait_s for it, then resume verified; locally after that) or "
+        "require_verified (fail naming the cause rather than emit an unverified token); a "
+        "request may choose its own"))
+    offline_wait_s: float = Field(10.0, ge=0, le=3600, description=(
+        "offline: wait pauses at most this long for the verifier"))
+    deadline_margin: float = Field(2.0, ge=1, le=100, description=(
+        "a verdict is awaited margin x (smoothed RTT + 4 x its variation + the verifier's "
+        "reported time for the block); round_timeout_s caps it"))
+    deadline_floor_s: float = Field(1.0, gt=0, le=60, description=(
+        "the shortest verdict or open deadline, whatever the link measured"))
+    open_deadline_s: float = Field(3.0, gt=0, le=600, description=(
+        "an Open's deadline before any round measured the link (then derived from RTT and "
+        "the verifier's time per token, capped by open_timeout_s)"))
+    probe_interval_s: float = Field(0.25, gt=0, le=60, description=(
+        "after a failure, try the verifier again this soon (doubling per failed probe)"))
+    max_probe_interval_s: float = Field(1.0, gt=0, le=600, description=(
+        "the longest wait between probes while offline: a returning verifier is used within "
+        "about this long (sooner when the link monitor sees it answer)"))
+    monitor_interval_s: float = Field(0.25, gt=0, le=60, description=(
+        "the link monitor's probe interval while the link is not up"))
+    monitor_interval_up_s: float = Field(2.0, gt=0, le=600, description=(
+        "the link monitor's probe interval while the link is up"))
 
     @model_validator(mode="after")
     def _backoffs_ordered(self) -> "ClientConfig":

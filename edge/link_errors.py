@@ -53,7 +53,8 @@ def classify(code: grpc.StatusCode, details: str, retry_after_s: float | None = 
     details = details or ""
     if code in _AUTH_CODES:
         return LinkFailure(FailureKind.MISCONFIGURED,
-                           f"authentication failed: {_AUTH_CODES[code]} ({details})", code)
+                           f"authentication failed: {_AUTH_CODES[code]} ({code.name}: {details})",
+                           code)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return LinkFailure(FailureKind.OVERLOADED, f"verifier overloaded: {details}", code,
                            retry_after_s)
@@ -63,9 +64,10 @@ def classify(code: grpc.StatusCode, details: str, retry_after_s: float | None = 
         return LinkFailure(FailureKind.OUTAGE, f"verifier unreachable: {code.name}: {details}",
                            code)
     if code == grpc.StatusCode.FAILED_PRECONDITION and "fingerprint" in details:
-        return LinkFailure(FailureKind.MISCONFIGURED, f"tokenizer mismatch: {details}", code)
+        return LinkFailure(FailureKind.MISCONFIGURED, f"tokenizer mismatch ({code.name}): {details}",
+                           code)
     if code == grpc.StatusCode.NOT_FOUND and "not served" in details:
-        return LinkFailure(FailureKind.MISCONFIGURED, f"wrong model: {details}", code)
+        return LinkFailure(FailureKind.MISCONFIGURED, f"wrong model ({code.name}): {details}", code)
     return LinkFailure(FailureKind.MISCONFIGURED,
                        f"verifier refused the request: {code.name}: {details}", code)
 

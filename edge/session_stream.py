@@ -12,11 +12,14 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
+from edge.link_errors import FailureKind, classify_rpc_error
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
 # Status codes that say "the link or the server is (temporarily) not there": reconnect and
 # re-open. Everything else is the verifier refusing the request, which retrying cannot fix.
+# edge/link_errors.py refines this: a TLS handshake failure is UNAVAILABLE but no outage, and
+# RESOURCE_EXHAUSTED is an overloaded verifier (VerifierOverloaded, with its retry hint).
 RETRYABLE_CODES = frozenset({
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -39,6 +42,23 @@ class VerifierRefused(ClientError):
         self.details = details
 
 
+class VerifierMisconfigured(VerifierRefused):
+    """A configuration or identity error (TLS, API key, tokenizer, model, target identity):
+    retrying cannot help, and generating unverified would hide it. The message names the
+    cause (edge/link_errors.py)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION
+                 ) -> None:
+        ClientError.__init__(self, message)
+        self.code = code
+        self.details = message
+
+
+class VerifierUnavailable(ClientError):
+    """The request wanted only verified tokens (offline "require_verified", or "wait" past its
+    bound) and the verifier is not there; the message says why."""
+
+
 class ProtocolError(ClientError):
     """The verifier sent something the protocol does not allow here."""
 
@@ -49,6 +69,14 @@ class CloudUnavailable(ClientError):
 
 class LinkDown(Exception):
     """The stream broke or timed out; the client reconnects (internal, never escapes)."""
+
+
+class VerifierOverloaded(LinkDown):
+    """RESOURCE_EXHAUSTED: the verifier is there but full; back off for retry_after_s."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class RecvTimeout(Exception):
@@ -106,10 +134,13 @@ class SessionStream:
             error = item.error
             if error is None:
                 raise LinkDown("the verifier ended the stream")
-            code = error.code()
-            if code in RETRYABLE_CODES:
-                raise LinkDown(f"{code.name}: {error.details()}")
-            raise VerifierRefused(code, error.details() or "")
+            failure = classify_rpc_error(error)
+            if failure.kind is FailureKind.OVERLOADED:
+                raise VerifierOverloaded(failure.message, failure.retry_after_s)
+            if failure.kind is FailureKind.OUTAGE:
+                raise LinkDown(failure.message)
+            # Configuration or identity (TLS handshakes arrive as UNAVAILABLE, not outages).
+            raise VerifierMisconfigured(failure.message, error.code())
         return item
 
     def close(self, reason: str = "") -> int:

@@ -28,6 +28,7 @@ generation.
 from __future__ import annotations
 
 import enum
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -177,3 +178,117 @@ class CircuitBreaker:
         if self.state is BreakerState.CLOSED:
             return 0.0
         return max(self._next_probe_at - self.clock(), 0.0)
+
+
+class OfflineControl:
+    """One generation's offline policy: deadlines from its RTT estimate, its circuit breaker,
+    the shared link monitor (optional) and the request's offline mode. The round loop
+    (edge/loop.py) asks it how long to wait, whether to retry or probe now, and reports every
+    verdict and failure to it."""
+
+    def __init__(self, config, monitor=None, mode: str | None = None,
+                 wait_s: float | None = None, clock: Clock = time.monotonic) -> None:
+        """config: edge.config.ClientConfig; monitor: edge.link_monitor.LinkMonitor or None."""
+        self.settings = OfflineSettings(
+            deadline_floor_s=config.deadline_floor_s, deadline_ceiling_s=config.round_timeout_s,
+            deadline_margin=config.deadline_margin,
+            open_deadline_s=min(config.open_deadline_s, config.open_timeout_s),
+            probe_interval_s=config.probe_interval_s,
+            max_probe_interval_s=max(config.max_probe_interval_s, config.probe_interval_s),
+            probe_tokens=config.offline_probe_tokens)
+        self.open_ceiling_s = config.open_timeout_s
+        self.mode = OfflineMode(mode or config.offline)
+        self.wait_s = config.offline_wait_s if wait_s is None else wait_s
+        self.clock = clock
+        self.rtt = RttEstimator(self.settings)
+        self.breaker = CircuitBreaker(self.settings, clock)
+        self.monitor = monitor
+        self._up = threading.Event()
+        self._remove = monitor.add_listener(self._on_status) if monitor is not None else None
+        if monitor is not None and monitor.state == "up":
+            self._up.set()
+
+    def close(self) -> None:
+        if self._remove is not None:
+            self._remove()
+            self._remove = None
+
+    def _on_status(self, status) -> None:
+        if status.state == "up":
+            self._up.set()
+            self.breaker.link_up()
+        else:
+            self._up.clear()
+
+    # --- deadlines ----------------------------------------------------------------------------
+    def round_deadline(self, k: int) -> float:
+        return self.rtt.round_deadline(k)
+
+    def open_deadline(self, context_tokens: int) -> float:
+        return min(self.rtt.open_deadline(context_tokens), self.open_ceiling_s)
+
+    # --- outcomes -----------------------------------------------------------------------------
+    def verdict(self, rtt_s: float, k: int, server_s: float | None) -> None:
+        self.rtt.observe(rtt_s, k, server_s)
+        self.breaker.success()
+
+    def opened(self, link=None) -> None:
+        """An Open succeeded; link (edge.link.VerifierLink) gives its round trip and the
+        server's prefill time, the first RTT measurement of the generation."""
+        if link is not None and getattr(link, "open_rtt_s", None) is not None:
+            # The network part only: the prefill is no per-round server time.
+            self.rtt.observe(max(link.open_rtt_s - link.prefill_s, 0.0), 0, None)
+        self.breaker.success()
+
+    def failure(self, error: Exception) -> None:
+        """A round or an Open failed: open the breaker (honouring an overloaded verifier's
+        retry hint) and tell the monitor, which probes again at once."""
+        retry_after = getattr(error, "retry_after_s", None)
+        overloaded = type(error).__name__ == "VerifierOverloaded"
+        self.breaker.failure(str(error), retry_after)
+        if self.monitor is not None:
+            self.monitor.report("overloaded" if overloaded else "down", str(error))
+            self._up.clear()
+
+    # --- decisions ----------------------------------------------------------------------------
+    def misconfiguration(self) -> str | None:
+        """The monitor's named cause when the link is misconfigured (TLS, key, identity)."""
+        if self.monitor is not None and self.monitor.state == "misconfigured":
+            return self.monitor.status.detail
+        return None
+
+    def retry_now(self, failures: int) -> bool:
+        """After a broken round: reconnect at once? Only while the monitor still sees the
+        verifier up (a restart, a dropped connection), or, without a monitor, once."""
+        if self.monitor is not None:
+            return self.monitor.state == "up"
+        return failures <= 1
+
+    def probe_due(self) -> bool:
+        """While offline: try an Open now? With a monitor, only once it sees the verifier
+        answer (so a stalled verifier never pauses the generation); without, by the breaker's
+        time and token schedule."""
+        if self.monitor is not None and self.monitor.state != "up":
+            return False
+        return self.breaker.probe_due()
+
+    def local_tokens(self, n: int) -> None:
+        self.breaker.local_tokens(n)
+
+    def wait_for_link(self, timeout_s: float, stopped: Callable[[], bool]) -> bool:
+        """Block until the verifier looks reachable (monitor up, or the breaker's next probe
+        time without a monitor) or timeout_s passes; False on timeout. Checks `stopped` every
+        few ms and returns False at once when it is set."""
+        deadline = self.clock() + timeout_s
+        while not stopped():
+            left = deadline - self.clock()
+            if left <= 0:
+                return False
+            if self.monitor is not None:
+                if self._up.wait(min(left, 0.02)):
+                    return True
+            elif self.breaker.seconds_to_probe() <= 0:
+                return True
+            else:
+                time.sleep(min(left, self.breaker.seconds_to_probe(), 0.02))
+        return False
