@@ -33,6 +33,11 @@ class EdgeTokenizer:
         return frozenset() if self.eos_id is None else frozenset({self.eos_id})
 
     @property
+    def hf_tokenizer(self) -> Tokenizer:
+        """The `tokenizers` object itself (for its native incremental decode stream)."""
+        return self._tokenizer
+
+    @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 

@@ -48,3 +48,47 @@ class IncrementalDetokenizer:
         new_text = self._decode(self._ids[self._prefix_offset:])
         self._prefix_offset = self._read_offset = len(self._ids)
         return new_text[len(prefix_text):]
+
+
+class NativeDetokenizer:
+    """The same contract on the `tokenizers` library's own incremental decoder (DecodeStream,
+    written in Rust, one step per id). `flush` returns what the stream still holds back (an
+    incomplete UTF-8 sequence at the very end) the way a full decode renders it, so the
+    invariant above holds here too (tested against IncrementalDetokenizer on the held-out
+    prompts, multi-byte characters and random ids)."""
+
+    def __init__(self, tokenizer, decode: Decode) -> None:
+        """`tokenizer`: a tokenizers.Tokenizer; `decode`: its full decode (for flush)."""
+        from tokenizers.decoders import DecodeStream
+
+        self._tokenizer = tokenizer
+        self._stream = DecodeStream(skip_special_tokens=False)
+        self._decode_fn = decode
+        self._ids: list[int] = []
+        self._emitted = 0  # characters released so far
+
+    def push(self, ids: Sequence[int]) -> str:
+        pieces = []
+        for token in ids:
+            self._ids.append(int(token))
+            piece = self._stream.step(self._tokenizer, int(token))
+            if piece:
+                pieces.append(piece)
+        text = "".join(pieces)
+        self._emitted += len(text)
+        return text
+
+    def flush(self) -> str:
+        whole = self._decode_fn(self._ids)
+        rest = whole[self._emitted:]
+        self._emitted = len(whole)
+        return rest
+
+
+def make_detokenizer(tokenizer) -> IncrementalDetokenizer | NativeDetokenizer:
+    """The native decode stream when the tokenizer exposes a `tokenizers.Tokenizer` (the edge's
+    EdgeTokenizer does), else the hand-written one over its `decode`."""
+    native = getattr(tokenizer, "hf_tokenizer", None)
+    if native is not None:
+        return NativeDetokenizer(native, tokenizer.decode)
+    return IncrementalDetokenizer(tokenizer.decode)

@@ -17,7 +17,8 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
 
 disable_created_metrics()  # no `_created` series (they double every counter's cardinality)
 
-LINK_STATES = ("up", "degraded", "down")
+# "degraded" is learnt from requests; the others are edge/link_monitor.py's probed states.
+LINK_STATES = ("up", "degraded", "down", "overloaded", "misconfigured", "starting")
 MAX_POSITIONS = 64
 
 _LENGTH_BUCKETS = tuple(float(b) for b in (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32))
@@ -92,8 +93,7 @@ class DaemonMetrics:
             self._request_seconds.labels(model=self.model, endpoint=endpoint).observe(seconds)
 
     def set_link_state(self, state: str) -> None:
-        assert state in LINK_STATES, state
-        for name in LINK_STATES:
+        for name in dict.fromkeys((*LINK_STATES, state)):
             self._link_state.labels(model=self.model, state=name).set(
                 1.0 if name == state else 0.0)
 
