@@ -52,6 +52,12 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(result.rows))
     print("\ngoals (measured in this run):")
     print(format_goals(result.goals))
+    from bench.bench.results import details_of
+    for d in details_of(result.generations):
+        if d["unverified_share"] or d["reopens"]:
+            print(f"note: {d['channel']}/{d['device']}/{d['config']}: {d['unverified_share']:.1%} "
+                  f"of tokens committed without the target (local fallback), {d['reopens']} "
+                  "stream re-opens")
     for name, why in result.skipped.items():
         print(f"skipped {name}: {why}")
     print(f"\n{len(result.generations)} generations in {result.elapsed_s:.0f} s")

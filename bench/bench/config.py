@@ -61,8 +61,7 @@ class BenchConfig(Settings):
     configurations: tuple[str, ...] = Field(ALL_CONFIGURATIONS, min_length=1,
                                             description="configurations run per channel and device")
     client_overrides: dict[str, dict[str, Any]] = Field(
-        default_factory=lambda: {"adaptive-pipelined": {"adaptive": {"draft_ahead": True,
-                                                                     "send_ahead": 4}}},
+        default_factory=lambda: {"adaptive-pipelined": {"draft_ahead": True, "send_ahead": 4}},
         description=("per configuration, nested overrides of the edge client config "
                      "(edge.config.ClientConfig), e.g. the adaptive controller's pipelining for "
                      "adaptive-pipelined"))

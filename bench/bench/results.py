@@ -47,6 +47,8 @@ class Generation:
     draft_tokens: int = 0      # tokens the draft computed (discarded blocks included)
     joules: float = 0.0
     agreement: float = 0.0
+    unverified: int = 0        # tokens committed without the target (local fallback)
+    reopens: int = 0           # streams re-opened (evictions, broken links)
     rounds_log: list[dict] = field(default_factory=list)  # kept for the plotted session only
 
 
@@ -90,6 +92,17 @@ def summarize(generations: Sequence[Generation]) -> Row:
         bytes_per_token=_ratio(sum(g.bytes_up + g.bytes_down for g in generations), tokens),
         joules_per_token=_ratio(sum(g.joules for g in generations), tokens),
         agreement=statistics.fmean(g.agreement for g in generations))
+
+
+def details_of(generations: Iterable[Generation]) -> list[dict]:
+    """Per row, what explains it beyond the row's fields: requests, tokens committed without
+    the target (a verified configuration's agreement below 100% comes from these), re-opens."""
+    groups: dict[tuple[str, str, str], list[Generation]] = {}
+    for g in generations:
+        groups.setdefault((g.channel, g.device, g.config), []).append(g)
+    return [{"channel": c, "device": d, "config": n, "requests": len(gs),
+             "unverified_share": _ratio(sum(g.unverified for g in gs), sum(g.tokens for g in gs)),
+             "reopens": sum(g.reopens for g in gs)} for (c, d, n), gs in groups.items()]
 
 
 def rows_of(generations: Iterable[Generation]) -> list[Row]:

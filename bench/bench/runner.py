@@ -26,7 +26,7 @@ from tqdm import tqdm
 from bench.bench.config import BenchConfig, DeviceSpec, fixed_k
 from bench.bench.device import ThrottledDraft, joules
 from bench.bench.oracle import CloudOnly, OraclePolicy, match_runs, target_greedy
-from bench.bench.results import Generation, Row, agreement, goals, rows_of
+from bench.bench.results import Generation, Row, agreement, details_of, goals, rows_of
 from bench.channel import ChannelProfile, ChannelProxy
 from bench.workload import load_prompts
 from cloud.config import CloudConfig
@@ -133,6 +133,7 @@ def from_result(result: GenerationResult, keep_rounds: bool) -> dict:
                 accepted=sum(result.accepted_lengths), rounds=result.rounds,
                 target_passes=result.target_passes, bytes_up=result.bytes_up,
                 bytes_down=result.bytes_down, draft_tokens=sum(r.drafted for r in log_),
+                unverified=result.verified.count(False), reopens=result.reopens,
                 rounds_log=[{f: getattr(r, f) for f in TRACE_FIELDS} for r in log_] if keep_rounds else [])
 
 
@@ -210,6 +211,7 @@ def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: 
             "channels": {p.name: p.model_dump(mode="json") for p in channels},
             "devices": {d.name: d.model_dump(mode="json") for d in devices},
             "skipped": result.skipped, "elapsed_s": result.elapsed_s,
+            "details": details_of(result.generations),
             "trace": {"title": result.trace_title, "rounds": result.trace}})
         result.outputs.append(json_path)
     if plots_dir is not None and result.rows:
