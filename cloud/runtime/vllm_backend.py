@@ -175,8 +175,8 @@ class VllmBackend(TargetBackend):
         final = RequestOutputKind.FINAL_ONLY
 
         def params(**kwargs) -> VllmSamplingParams:
-            return VllmSamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                                      output_kind=final, **kwargs)
+            return VllmSamplingParams(**{"max_tokens": 1, "temperature": 0.0,
+                                         "detokenize": False, "output_kind": final, **kwargs})
 
         self._params = params
         self._greedy = params()
@@ -185,19 +185,25 @@ class VllmBackend(TargetBackend):
         await self._request([1, 2, 3], params(logprobs=-1, flat_logprobs=True), 0)
 
     def close(self, timeout: float | None = None) -> None:
+        """Refuse new work, let requests in flight finish (up to `timeout`), stop the engine and
+        its processes, stop the loop."""
         if self._closed:
             return
         self._closed = True
-        engine = getattr(self, "_engine", None)
-        if engine is not None:
-            try:
-                self._loop.call_soon_threadsafe(engine.shutdown)
-            except RuntimeError:
-                pass
-        # Let shutdown run, then stop the loop.
-        deadline = time.monotonic() + (timeout or 30)
+        deadline = time.monotonic() + (30.0 if timeout is None else timeout)
         while self._in_flight and time.monotonic() < deadline:
             time.sleep(0.01)
+        engine = getattr(self, "_engine", None)
+        if engine is not None and self._thread.is_alive():
+            # Shut down on the loop that owns it, and drop it there: vLLM's __del__ would
+            # otherwise run again at interpreter exit, when its module globals are gone.
+            async def stop() -> None:
+                engine.shutdown()
+                self._engine = None
+            try:
+                self._run(stop(), max(deadline - time.monotonic(), 10.0))
+            except Exception:  # noqa: BLE001 - stopping anyway; say what went wrong
+                log.exception("vLLM engine shutdown failed")
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
 
@@ -217,7 +223,7 @@ class VllmBackend(TargetBackend):
                 setting = f"top_k={params.top_k}"
                 hint = f"use top_k <= {self.max_logprobs - 1}"
             else:
-                setting = "top_k=0 (off)" + (f" with top_p={params.top_p}"
+                setting = "top_k=0 (off)" + (f" with top_p={params.top_p:g}"
                                               if 0 < params.top_p < 1 else "")
                 hint = f"set top_k <= {self.max_logprobs - 1}"
             raise InvalidRequest(
@@ -238,6 +244,15 @@ class VllmBackend(TargetBackend):
         return asyncio.run_coroutine_threadsafe(
             self._score(state.key, state.params, prefix, tokens, rows, time.perf_counter()),
             self._loop)
+
+    def generate_greedy(self, prompt: Sequence[int], max_tokens: int) -> Future:
+        """The target's own greedy decoding of max_tokens after prompt on vLLM's decode path
+        (the target-only baseline of bench/verifier.py); resolves to the token ids."""
+        async def run() -> list[int]:
+            output = await self._request(list(prompt), self._params(
+                max_tokens=max_tokens, ignore_eos=True), 0)
+            return list(output.outputs[0].token_ids)
+        return asyncio.run_coroutine_threadsafe(run(), self._loop)
 
     def rollback(self, state: VllmState, length: int) -> None:
         if not 0 <= length <= state.length:
