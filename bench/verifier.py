@@ -1,0 +1,325 @@
+"""Verifier benchmark: per-round verify latency and goodput (verified tokens per second) with
+1, 4, 16 and 64 concurrent sessions, torch backend vs vLLM backend vs target-only
+autoregressive decoding of the same sessions, in one run; plus the cost of a re-open (vLLM's
+prefix cache) and per-session KV memory.
+
+  .venv-vllm/bin/python -m bench.verifier [--sessions 1,4,16,64] [--rounds 6] [--k 4]
+                                          [--backends torch,vllm] [--json out/verifier.json]
+
+Runs in .venv-vllm (scripts/bootstrap.sh --vllm), which has both backends; without vLLM it
+measures the torch backend alone and says so.
+
+The workload drives the verifier engine (cloud.engine.Engine: session table, backend, the
+acceptance test) directly from one thread per session, closed loop (no network, no draft
+model: this measures the verifier). Each session's context is a held-out prompt; its blocks
+are made from the target's own greedy continuation with a seeded number of right tokens
+(0..k) followed by a wrong one, so acceptance is realistic and every verdict is checked: the
+engine must accept exactly the right prefix and return the target's next token.
+
+Target-only baselines produce the same number of tokens per session: torch as k = 0 rounds
+(one token per batched pass, the batcher grouping sessions), vLLM with its own decode path
+(one request per session, max_tokens tokens, continuous batching).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from cloud.config import BatchSettings, LimitSettings, ModelSettings, VllmSettings
+from cloud.engine import DraftRequest, Engine, OpenRequest
+from tandem.config import REPO_ROOT
+from tandem.sampling import SamplingParams
+
+TARGET = REPO_ROOT / "models/tandem-target"
+PROMPTS = REPO_ROOT / "models/prompts/heldout.jsonl"
+MAX_PROMPT = 256  # tokens of context per session (the held-out prompts vary in length)
+
+
+@dataclass
+class Row:
+    backend: str          # torch | vllm | torch-ar | vllm-ar
+    sessions: int
+    rounds: int           # rounds (or target-only passes) in the phase
+    tokens: int           # verified tokens (or generated ones, target-only)
+    wall_s: float
+    goodput_tok_s: float
+    round_ms_mean: float  # per-round verify latency seen by a session (queue + pass + verify)
+    round_ms_p50: float
+    round_ms_p90: float
+    kv_bytes_per_session: float  # see memory_note()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.verifier", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", default="1,4,16,64")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per session")
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per block")
+    parser.add_argument("--backends", default="torch,vllm")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = default")
+    parser.add_argument("--json", type=Path, default=REPO_ROOT / "out/bench-verifier.json")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    levels = [int(n) for n in args.sessions.split(",")]
+    backends = args.backends.split(",")
+    if "vllm" in backends:
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            print("vLLM is not installed here (run in .venv-vllm): torch backend only",
+                  file=sys.stderr)
+            backends = [b for b in backends if b != "vllm"]
+
+    contexts, continuations = _workload(max(levels), args.rounds * (args.k + 1) + 1)
+    rows: list[Row] = []
+    reopen: dict[str, dict[str, float]] = {}
+    for name in backends:
+        engine = _engine(name, max(levels))
+        try:
+            for n in levels:
+                rows.append(_speculative(engine, name, contexts[:n], continuations[:n],
+                                         args.rounds, args.k))
+                print(_format(rows[-1]), flush=True)
+                produced = rows[-1].tokens // n
+                rows.append(_target_only(engine, name, contexts[:n], continuations[:n],
+                                         produced))
+                print(_format(rows[-1]), flush=True)
+            reopen[name] = _reopen_cost(engine, contexts[:8])
+            print(f"{name}: open {reopen[name]['open_ms']:.1f} ms, re-open of the same context "
+                  f"{reopen[name]['reopen_ms']:.1f} ms", flush=True)
+        finally:
+            engine.shutdown()
+    report = {"rows": [asdict(r) for r in rows], "reopen": reopen,
+              "crossover": _crossover(rows), "memory_note": memory_note(),
+              "k": args.k, "rounds": args.rounds}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2))
+    print(_table(rows))
+    print(f"crossover: {report['crossover']}")
+    print(f"written: {args.json}")
+    return 0
+
+
+def _workload(n: int, length: int) -> tuple[list[list[int]], list[list[int]]]:
+    """n held-out contexts and the target's greedy continuation of each (length tokens)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(TARGET)
+    model = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()]
+    contexts = [tokenizer(p)["input_ids"][-MAX_PROMPT:] for p in prompts[:n]]
+    config = GenerationConfig(do_sample=False, max_new_tokens=length, min_new_tokens=0,
+                              eos_token_id=None, pad_token_id=0)
+    continuations = []
+    with torch.inference_mode():
+        for ids in contexts:
+            out = model.generate(torch.tensor([ids]), generation_config=config)
+            continuations.append(out[0, len(ids):].tolist())
+    return contexts, continuations
+
+
+def _engine(name: str, sessions: int) -> Engine:
+    limits = LimitSettings(max_sessions=max(sessions, 8), kv_budget_bytes=2**31)
+    batch = BatchSettings()
+    model = ModelSettings(path=TARGET, device="cpu", backend="torch" if name == "torch"
+                          else "vllm")
+    if name == "torch":
+        from cloud.runtime.target import TargetRuntime
+        target = TargetRuntime(TARGET, device="cpu")
+    else:
+        from cloud.runtime.vllm_backend import VllmBackend
+        target = VllmBackend(model, VllmSettings())
+    return Engine(target, limits, batch)
+
+
+def _fingerprint(engine: Engine) -> str:
+    return engine.runtime.fingerprint
+
+
+def _run_threads(n: int, work) -> float:
+    barrier = threading.Barrier(n + 1)
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait(timeout=300)
+            work(i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    barrier.wait(timeout=300)
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join(timeout=1800)
+    wall = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return wall
+
+
+def _speculative(engine: Engine, name: str, contexts, continuations, rounds: int,
+                 k: int) -> Row:
+    n = len(contexts)
+    sessions = [engine.open(OpenRequest("", "", _fingerprint(engine), list(ids),
+                                        SamplingParams())).session for ids in contexts]
+    latencies: list[list[float]] = [[] for _ in range(n)]
+    tokens = [0] * n
+    lengths = [0] * n
+
+    def work(i: int) -> None:
+        rng = random.Random(i)
+        session, ref, pos = sessions[i], continuations[i], 0
+        start = len(contexts[i])
+        for r in range(rounds):
+            right = rng.randint(0, k)
+            block = ref[pos: pos + right]
+            if right < k:  # a wrong token, then whatever follows
+                block += [(ref[pos + right] + 1) % engine.limits.vocab_size]
+                block += ref[pos + right + 1: pos + k]
+            began = time.perf_counter()
+            result = engine.draft(session, DraftRequest(r + 1, start, block, []))
+            latencies[i].append((time.perf_counter() - began) * 1000.0)
+            verdict = result.verdict
+            if (verdict.accepted, verdict.token) != (right, ref[pos + right]):
+                raise AssertionError(f"{name}: session {i} round {r}: verdict "
+                                     f"{verdict.accepted, verdict.token}, the target's "
+                                     f"{right, ref[pos + right]}")
+            pos += right + 1
+            start += right + 1
+            tokens[i] += right + 1
+        lengths[i] = start
+
+    wall = _run_threads(n, work)
+    for session in sessions:
+        engine.close(session, "bench")
+    return _row(name, n, n * rounds, sum(tokens), wall, [x for l in latencies for x in l],
+                _kv_per_session(engine, name, lengths))
+
+
+def _target_only(engine: Engine, name: str, contexts, continuations, produced: int) -> Row:
+    n = len(contexts)
+    latencies: list[list[float]] = [[] for _ in range(n)]
+    lengths = [len(c) + produced for c in contexts]
+    if name == "vllm":
+        backend = engine.runtime
+
+        def work(i: int) -> None:
+            began = time.perf_counter()
+            out = backend.generate_greedy(contexts[i], produced).result()
+            latencies[i].append((time.perf_counter() - began) * 1000.0 / produced)
+            if out != continuations[i][:produced]:
+                raise AssertionError(f"vllm-ar: session {i} differs from the target's greedy")
+    else:
+        sessions = [engine.open(OpenRequest("", "", _fingerprint(engine), list(ids),
+                                            SamplingParams())).session for ids in contexts]
+
+        def work(i: int) -> None:
+            start = len(contexts[i])
+            for r in range(produced):
+                began = time.perf_counter()
+                result = engine.draft(sessions[i], DraftRequest(r + 1, start + r, [], []))
+                latencies[i].append((time.perf_counter() - began) * 1000.0)
+                if result.verdict.token != continuations[i][r]:
+                    raise AssertionError(f"torch-ar: session {i} differs at {r}")
+
+    wall = _run_threads(n, work)
+    if name != "vllm":
+        for session in sessions:
+            engine.close(session, "bench")
+    return _row(f"{name}-ar", n, n * produced, n * produced, wall,
+                [x for l in latencies for x in l], _kv_per_session(engine, name, lengths))
+
+
+def _reopen_cost(engine: Engine, contexts) -> dict[str, float]:
+    """Mean prefill of a first open, and of a second open of the same context after close."""
+    first, again = [], []
+    for ids in contexts:
+        for times in (first, again):
+            opened = engine.open(OpenRequest("", "", _fingerprint(engine), list(ids),
+                                             SamplingParams()))
+            times.append(opened.prefill_ms)
+            engine.close(opened.session, "bench")
+    return {"open_ms": statistics.mean(first), "reopen_ms": statistics.mean(again),
+            "context_tokens": statistics.mean(len(c) for c in contexts)}
+
+
+def _kv_per_session(engine: Engine, name: str, lengths: list[int]) -> float:
+    """KV bytes one session costs while its round runs (see memory_note)."""
+    per_token = engine.runtime.bytes_per_token
+    if name == "vllm":
+        block = engine.runtime.settings.block_size
+        return statistics.mean(math.ceil(n / block) * block for n in lengths) * per_token
+    # torch: its own cache, plus its row of the padded batch cache (longest session in the pass)
+    max_batch = BatchSettings().max_batch
+    padded = []
+    for first in range(0, len(lengths), max_batch):
+        group = lengths[first: first + max_batch]
+        padded += [n + max(group) for n in group]
+    return statistics.mean(padded) * per_token
+
+
+def memory_note() -> str:
+    return ("kv_bytes_per_session: torch = the session's own KV cache plus its row of the "
+            "padded batch cache, which is as long as the longest session in the pass (sessions "
+            "grouped by max_batch in order); vllm = the paged cache blocks its longest request "
+            "holds (whole blocks of vllm.block_size), independent of other sessions. Computed "
+            "from the sessions' lengths and the measured bytes per token, not sampled from RSS.")
+
+
+def _row(backend, sessions, rounds, tokens, wall, latencies, kv) -> Row:
+    ordered = sorted(latencies)
+
+    def pct(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return Row(backend=backend, sessions=sessions, rounds=rounds, tokens=tokens,
+               wall_s=round(wall, 3), goodput_tok_s=round(tokens / wall, 1),
+               round_ms_mean=round(statistics.mean(ordered), 2), round_ms_p50=round(pct(0.5), 2),
+               round_ms_p90=round(pct(0.9), 2), kv_bytes_per_session=round(kv))
+
+
+def _crossover(rows: list[Row]) -> str:
+    by = {(r.backend, r.sessions): r for r in rows}
+    levels = sorted({r.sessions for r in rows})
+    if not any(r.backend == "vllm" for r in rows):
+        return "vLLM not measured"
+    ahead = [n for n in levels if ("torch", n) in by and ("vllm", n) in by
+             and by["vllm", n].goodput_tok_s >= by["torch", n].goodput_tok_s]
+    if not ahead:
+        ratios = ", ".join(f"{n}: {by['vllm', n].goodput_tok_s / by['torch', n].goodput_tok_s:.2f}"
+                           for n in levels if ("torch", n) in by and ("vllm", n) in by)
+        return f"none measured: vLLM goodput / torch goodput by sessions = {ratios}"
+    return f"vLLM's goodput >= torch's from {min(ahead)} sessions (at {ahead})"
+
+
+def _format(row: Row) -> str:
+    return (f"{row.backend:<9} {row.sessions:>3} sessions: {row.goodput_tok_s:>8.1f} tok/s, "
+            f"round {row.round_ms_mean:7.1f} ms (p50 {row.round_ms_p50:.1f}, p90 "
+            f"{row.round_ms_p90:.1f}), KV/session {row.kv_bytes_per_session / 1024:.0f} KiB")
+
+
+def _table(rows: list[Row]) -> str:
+    head = (f"| backend | sessions | goodput tok/s | round ms mean | p50 | p90 | "
+            f"KV KiB/session |\n|---|---:|---:|---:|---:|---:|---:|")
+    lines = [f"| {r.backend} | {r.sessions} | {r.goodput_tok_s:.1f} | {r.round_ms_mean:.1f} | "
+             f"{r.round_ms_p50:.1f} | {r.round_ms_p90:.1f} | "
+             f"{r.kv_bytes_per_session / 1024:.0f} |" for r in rows]
+    return "\n".join([head, *lines])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
