@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,12 +50,13 @@ def _loadgen(args: argparse.Namespace) -> int:
     from bench.report import format_table, summarize, write_json
     from bench.workload import advertised_model, load_prompts, run_workload
 
-    model = args.model or advertised_model(args.url)
+    model = args.model or advertised_model(args.url, api_key=args.api_key)
     prompts = load_prompts(resolve_path(args.prompts_file), args.requests, args.offset)
     t0 = time.monotonic()
     records = asyncio.run(run_workload(args.url, model, prompts, max_tokens=args.max_tokens,
                                        concurrency=args.concurrency, temperature=args.temperature,
-                                       timeout_s=args.timeout, trace=False))
+                                       timeout_s=args.timeout, trace=False,
+                                       api_key=args.api_key))
     summary = summarize("run", records, time.monotonic() - t0)
     print(format_table([summary]))
     for record in records:
@@ -116,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--offset", type=int, default=0, help="index of the first prompt")
     load.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     load.add_argument("--json", type=Path, default=None)
+    load.add_argument("--api-key", default=os.environ.get("TANDEM_DAEMON_API_KEY", ""),
+                      help="the daemon's API key (default: $TANDEM_DAEMON_API_KEY)")
     load.set_defaults(run=_loadgen)
 
     many = sub.add_parser("load", help="N concurrent streams for a bounded time: throughput, "

@@ -91,7 +91,8 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, index: int, t0: 
 async def run_workload(base_url: str, model: str, prompts: list[str], *, max_tokens: int,
                        concurrency: int, temperature: float = 0.0, seed: int = 0,
                        timeout_s: float = 120.0, trace: bool = True,
-                       on_done: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
+                       on_done: Callable[[RequestRecord], None] | None = None,
+                       api_key: str = "") -> list[RequestRecord]:
     """Send every prompt as a streaming /v1/completions request, at most `concurrency` at once;
     records in prompt order."""
     url = base_url.rstrip("/") + "/v1/completions"
@@ -99,7 +100,8 @@ async def run_workload(base_url: str, model: str, prompts: list[str], *, max_tok
     t0 = time.monotonic()
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits,
+                                 headers=auth_headers(api_key)) as client:
         async def send(index: int, prompt: str) -> RequestRecord:
             body = {"model": model, "prompt": prompt, "max_tokens": max_tokens,
                     "temperature": temperature, "seed": seed + index, "stream": True,
@@ -113,8 +115,14 @@ async def run_workload(base_url: str, model: str, prompts: list[str], *, max_tok
         return list(await asyncio.gather(*(send(i, p) for i, p in enumerate(prompts))))
 
 
-def advertised_model(base_url: str, timeout_s: float = 10.0) -> str:
+def auth_headers(api_key: str) -> dict[str, str]:
+    """The daemon's API key (daemon.api_key) as an OpenAI client sends it; none when empty."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def advertised_model(base_url: str, timeout_s: float = 10.0, api_key: str = "") -> str:
     """The first model id GET /v1/models lists."""
-    response = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=timeout_s)
+    response = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=timeout_s,
+                         headers=auth_headers(api_key))
     response.raise_for_status()
     return response.json()["data"][0]["id"]

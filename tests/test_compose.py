@@ -101,3 +101,28 @@ def _ports(service: dict) -> list[dict]:
             port = {"published": published, "target": int(target)}
         long_form.append(port)
     return long_form
+
+
+def test_env_example_documents_every_variable_and_works():
+    import re
+    env = dict(line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
+               if line.strip() and not line.startswith("#"))
+    used = set(re.findall(r"\$\{(TANDEM_[A-Z_]+)", COMPOSE.read_text()))
+    assert used <= set(env), sorted(used - set(env))
+    result = compose_config(**env)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    # The daemon listens beyond loopback inside the network, so it needs its key; loadgen sends it.
+    assert services["edge"]["environment"]["TANDEM_EDGE_DAEMON__API_KEY"] == env["TANDEM_API_KEY"]
+    assert services["loadgen"]["environment"]["TANDEM_DAEMON_API_KEY"] == env["TANDEM_API_KEY"]
+
+
+def test_monitoring_profile_scrapes_both_processes(services):
+    cloud = services["cloud"]["command"]
+    assert cloud[cloud.index("--metrics-port") + 1] == "9464"
+    for name in ("prometheus", "grafana"):
+        assert services[name]["profiles"] == ["monitoring"]
+    scrape = yaml.safe_load((ROOT / "docker/prometheus.yml").read_text())
+    targets = {t for job in scrape["scrape_configs"] for c in job["static_configs"] for t in c["targets"]}
+    assert targets == {"cloud:9464", "edge:8080"}
+    assert (ROOT / "docker/grafana/dashboards/tandem.json").is_file()
