@@ -26,7 +26,8 @@ def test_reference_lists_every_cloud_key():
 
 
 @pytest.mark.parametrize("path, schema", [
-    ("configs/cloud.yaml", CloudConfig), ("configs/edge.yaml", EdgeConfig),
+    ("configs/cloud.yaml", CloudConfig), ("configs/cloud-vllm.yaml", CloudConfig),
+    ("configs/edge.yaml", EdgeConfig),
     ("configs/sim.yaml", SimConfig),
     *[(str(p.relative_to(ROOT)), ChannelProfile) for p in sorted((ROOT / "configs/channels").glob("*.yaml"))],
 ])
