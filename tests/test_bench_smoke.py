@@ -54,7 +54,7 @@ def test_bench_writes_rows_goals_and_plots(tiny_bench, tmp_path, capsys):
     code = main(["bench", "--config", str(config), "--channel", "configs/channels/lan.yaml",
                  "--channel", str(channel), "--device", "laptop", "--device", str(device),
                  "--prompts", "2", "--max-tokens", "8", "--json", str(out / "bench.json"),
-                 "--plots", str(out), "--no-progress"])
+                 "--plots", str(out), "--markdown", str(out / "bench.md"), "--no-progress"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "goals (measured in this run)" in printed and "oracle" in printed
@@ -91,5 +91,7 @@ def test_bench_writes_rows_goals_and_plots(tiny_bench, tmp_path, capsys):
             assert cell["fixed-k1"]["tau"] <= 2.0
     assert {g["goal"] for g in result["goals"]} and all(
         set(g) == {"goal", "measured", "met", "detail"} for g in result["goals"])
+    markdown = (out / "bench.md").read_text()
+    assert markdown.startswith("| channel | device | config |") and "| goal |" in markdown
     for png in ("bench_tokens_per_s.png", "bench_session_trace.png"):
         assert (out / png).read_bytes()[:8] == PNG_MAGIC

@@ -23,6 +23,8 @@ def add_parser(sub) -> None:
     bench.add_argument("--max-tokens", type=int, default=None, help="override tokens per request")
     bench.add_argument("--json", type=Path, default=None, help=f"results (default {DEFAULT_OUT}/bench.json)")
     bench.add_argument("--plots", type=Path, default=None, help=f"PNG directory (default {DEFAULT_OUT})")
+    bench.add_argument("--markdown", type=Path, default=None,
+                       help="also write the table and the goals as Markdown (for bench/README.md)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                        help="override any bench config key (repeatable; VALUE is read as YAML)")
@@ -60,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
                   "stream re-opens")
     for name, why in result.skipped.items():
         print(f"skipped {name}: {why}")
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(format_table(result.rows, markdown=True) + "\n\n"
+                                 + format_goals(result.goals, markdown=True) + "\n")
+        result.outputs.append(args.markdown)
     print(f"\n{len(result.generations)} generations in {result.elapsed_s:.0f} s")
     for path in result.outputs:
         print(f"wrote {path}")
