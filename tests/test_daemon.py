@@ -355,7 +355,12 @@ def test_serve_command_answers_and_stops_on_sigterm(verifier, gguf_path, draft_d
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(30)
-    assert code == 0, proc.stdout.read().decode()
+    log = proc.stdout.read().decode()
+    assert code == 0, log
+    # At the default level: the listening line and one access line per request with its tokens.
+    assert f"listening on http://127.0.0.1:{config['daemon']['port']}" in log, log
+    completion_tokens = reply.json()["usage"]["completion_tokens"]
+    assert f'"POST /v1/completions" 200 {completion_tokens} tokens' in log, log
 
 
 def _free_port() -> int:
