@@ -14,12 +14,12 @@ from __future__ import annotations
 import random
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
-from edge.config import ClientConfig
+from edge.config import DEFAULT_DRAFTER, ClientConfig
 from edge.control.policy import DraftPolicy, FixedK, make_policy
 from edge.drafting import DraftCursor
 from edge.link import VerifierLink, check_verdict
@@ -44,23 +44,37 @@ class GenerationRequest:
     # Generation stops right after emitting one of these (the stop id is part of the output).
     # Callers pass their tokenizer's eos (edge.tokenizer.EdgeTokenizer.stop_ids); empty = none.
     stop_ids: frozenset[int] = frozenset()
+    # "lossless": every token verified; "fast": the policy may let the edge emit low-entropy
+    # spans unverified (edge/control/entropy.py). None = client.mode.
+    mode: str | None = None
+    max_unverified_run: int | None = None  # fast mode's bound; None = client.max_unverified_run
+
+
+MODES = ("lossless", "fast")
 
 
 class EdgeClient:
-    """Runs generations against one verifier over `channel` with one draft runtime.
+    """Runs generations against one verifier over `channel` with one draft runtime, or a ladder
+    of them: `draft` (named "draft") plus `drafters` by name, cheapest first; the policy's
+    Plan.drafter picks the one that drafts each block.
 
-    Not thread-safe: one generation at a time per client (the draft has one KV cache). The
+    Not thread-safe: one generation at a time per client (each runtime has one KV cache). The
     policy lives as long as the client, so what it learns carries over between generations.
     """
 
     def __init__(self, channel: grpc.Channel, draft: DraftRuntime, config: ClientConfig,
                  metadata: Sequence[tuple[str, str]] = (),
-                 policy: DraftPolicy | None = None) -> None:
+                 policy: DraftPolicy | None = None,
+                 drafters: Mapping[str, DraftRuntime] | None = None) -> None:
         self.stub = pb_grpc.DecodingStub(channel)
         self.draft = draft
         self.config = config
         self.metadata = tuple(metadata)
-        self.cursor = DraftCursor(draft)
+        # One cursor per local model: each knows what its runtime's cache holds, so switching
+        # rungs rolls back and feeds only what that rung missed (DraftCursor.sync).
+        self.cursors = {DEFAULT_DRAFTER: DraftCursor(draft),
+                        **{name: DraftCursor(rt) for name, rt in (drafters or {}).items()}}
+        self.cursor = self.cursors[DEFAULT_DRAFTER]
         self.policy = policy if policy is not None else make_policy(config.policy, config)
         self.jitter_rng = random.Random()  # unseeded: edges must not retry in lockstep
 
@@ -77,12 +91,22 @@ class EdgeClient:
             raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
         if request.draft_length is not None and request.draft_length < 0:
             raise ValueError(f"draft_length must be >= 0, got {request.draft_length}")
+        mode = request.mode or self.config.mode
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if request.max_unverified_run is not None and request.max_unverified_run < 0:
+            raise ValueError(f"max_unverified_run must be >= 0, got {request.max_unverified_run}")
         policy = (self.policy if request.draft_length is None
                   else FixedK(request.draft_length))
         link = VerifierLink(self.stub, self.metadata, session_id=uuid.uuid4().hex,
                             target_model=self.config.target_model,
-                            fingerprint=self.draft.fingerprint(), sampling=request.sampling)
+                            fingerprint=self.draft.fingerprint(), sampling=request.sampling,
+                            fast=mode == "fast")
         return Generation(request=request, draft=self.draft, cursor=self.cursor,
                           config=self.config, policy=policy, link=link, on_tokens=on_tokens,
                           on_round=on_round, stop_event=stop_event,
-                          jitter_rng=self.jitter_rng).run()
+                          jitter_rng=self.jitter_rng, cursors=self.cursors,
+                          fast=mode == "fast",
+                          max_unverified_run=self.config.max_unverified_run
+                          if request.max_unverified_run is None
+                          else request.max_unverified_run).run()

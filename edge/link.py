@@ -102,7 +102,7 @@ class VerifierLink:
 
     def __init__(self, stub: pb_grpc.DecodingStub, metadata: Sequence[tuple[str, str]], *,
                  session_id: str, target_model: str, fingerprint: str, sampling: SamplingParams,
-                 should_stop: Callable[[], bool] = lambda: False) -> None:
+                 should_stop: Callable[[], bool] = lambda: False, fast: bool = False) -> None:
         self.stub = stub
         self.metadata = tuple(metadata)
         self.session_id = session_id
@@ -110,6 +110,10 @@ class VerifierLink:
         self.fingerprint = fingerprint
         self.sampling = sampling
         self.should_stop = should_stop
+        self.fast = fast             # open in MODE_FAST: blocks may carry unverified tokens
+        # Context length the verifier holds (set by Opened and each verdict): in fast mode the
+        # edge's context runs ahead of it by the tokens it emitted unverified since.
+        self.server_context = 0
         self.stream: SessionStream | None = None
         self.limits: pb.Limits | None = None
         self.load = 0.0
@@ -135,7 +139,7 @@ class VerifierLink:
             tokenizer_fingerprint=self.fingerprint, context_ids=list(context),
             sampling=pb.SamplingParams(temperature=params.temperature, top_k=params.top_k,
                                        top_p=params.top_p, seed=params.seed),
-            mode=pb.MODE_LOSSLESS))
+            mode=pb.MODE_FAST if self.fast else pb.MODE_LOSSLESS))
         self.bytes_up += stream.send(message)
         try:
             reply = self._recv(stream, timeout_s)
@@ -152,14 +156,20 @@ class VerifierLink:
         self.limits = reply.opened.limits if reply.opened.HasField("limits") else None
         self.load = reply.opened.load
         self.stream = stream
+        self.server_context = len(context)
         self.opens += 1
 
-    def send(self, start: int, block: Block) -> Sent:
-        """Queue Draft(round, start, block) on the open stream; returns at once."""
+    def send(self, start: int, block: Block, unverified: Sequence[int] = ()) -> Sent:
+        """Queue Draft(round, start, block) on the open stream; returns at once. `unverified`
+        (fast mode): tokens emitted since the verifier's context, sent ahead of the block; the
+        block then starts at start + len(unverified)."""
         assert self.stream is not None, "send on a closed link"
+        assert not unverified or self.fast, "unverified tokens on a lossless session"
         t0 = time.monotonic()
         self.wire_round += 1
-        draft = pb.Draft(round=self.wire_round, start=start, tokens=block.tokens)
+        draft = pb.Draft(round=self.wire_round, start=start, tokens=block.tokens,
+                         unverified=unverified)
+        start += len(unverified)
         for q in block.q:
             to_proto(q, draft.q.add())
         size = self.stream.send(pb.ClientMessage(draft=draft))
@@ -181,6 +191,7 @@ class VerifierLink:
         if kind != "verdict":
             raise ProtocolError(f"expected Verdict for round {sent.round}, got {kind}")
         check_verdict(reply.verdict, sent.round, sent.start, sent.k, self.limits)
+        self.server_context = sent.start + reply.verdict.accepted + 1
         return reply.verdict, reply.ByteSize()
 
     def _recv(self, stream: SessionStream, timeout_s: float) -> pb.ServerMessage:

@@ -25,11 +25,12 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import grpc
 
-from edge.config import ClientConfig
+from edge.config import DEFAULT_DRAFTER, ClientConfig
 from edge.control.policy import DraftPolicy, Plan, RoundView
 from edge.drafting import Block, DraftCursor, TokenChooser
 from edge.link import Evicted, Stopped, VerifierLink
@@ -84,10 +85,21 @@ class Generation:
                  config: ClientConfig, policy: DraftPolicy, link: VerifierLink,
                  on_tokens: OnTokens | None = None, on_round: OnRound | None = None,
                  stop_event: threading.Event | None = None,
-                 jitter_rng: random.Random | None = None) -> None:
+                 jitter_rng: random.Random | None = None,
+                 cursors: Mapping[str, DraftCursor] | None = None, fast: bool = False,
+                 max_unverified_run: int = 0) -> None:
         self.request = request
         self.draft = draft
         self.cursor = cursor
+        # The local models by ladder name (`cursor` is the default one, "draft").
+        self.cursors = dict(cursors) if cursors else {DEFAULT_DRAFTER: cursor}
+        # Fast mode: a skippable block (Plan.verify False) is committed unverified while the
+        # unverified run stays within max_unverified_run; the next verified block carries
+        # those tokens to the verifier (VerifierLink.send's `unverified`).
+        self.fast = fast
+        self.max_unverified_run = max_unverified_run
+        self.unverified_run = 0      # tokens committed unverified since the last verified one
+        self.force_verify = False    # the last skipped span ended on an unsure position
         self.config = config
         self.policy = policy
         self.link = link
@@ -137,7 +149,7 @@ class Generation:
     @property
     def max_context(self) -> int:
         """The longest context both sides can hold: the server's limit and the draft's cache."""
-        n_ctx = self.draft.n_ctx
+        n_ctx = min(c.runtime.n_ctx for c in self.cursors.values())
         limits = self.link.limits
         if limits is not None and limits.max_context:
             return min(limits.max_context, n_ctx)
@@ -154,7 +166,8 @@ class Generation:
                          link_state="offline" if self.offline else "up",
                          sampling=not self.request.sampling.greedy,
                          history=self.result.rounds_log, context_length=len(self.context),
-                         max_q_entries=max_q, server_load=self.link.load)
+                         max_q_entries=max_q, server_load=self.link.load,
+                         drafters=tuple(self.cursors))
 
     def _round(self) -> None:
         remaining = self.request.max_tokens - len(self.result.token_ids)
@@ -167,11 +180,19 @@ class Generation:
             self.result.finish_reason = "length"  # no round fits the context
             return
         view = self._view(max_k)
-        plan = self.policy.plan(view)
+        plan = self._gate(self.policy.plan(view))
         k = min(max(plan.k, 0), max_k)
+        if not plan.verify:
+            k = min(k, self.max_unverified_run - self.unverified_run)
+            if k == 0:  # nothing to skip (e.g. one token left): a verified round makes progress
+                plan = replace(plan, verify=True, min_confidence=0.0)
         t_start = time.monotonic() - self.t0
         block = self._draft(k, plan)
+        if not plan.verify and block.confidences and block.confidences[0] < plan.min_confidence:
+            # Unsure from the first position on: nothing to skip, the verifier checks it.
+            plan = replace(plan, verify=True)
         if not plan.verify:
+            self.force_verify = block.end_reason == "confidence"
             self._record(RoundRecord(index=0, k_asked=k, drafted=len(block), accepted=None,
                                      end_reason=block.end_reason, mode="local",
                                      drafter=plan.drafter or "",
@@ -183,14 +204,29 @@ class Generation:
             return
         self._verify_round(block, k, plan, t_start)
 
+    def _gate(self, plan: Plan) -> Plan:
+        """The plan the loop runs: a skippable block (verify False) stays skippable only in fast
+        mode, within the unverified-run bound, and not right after a skipped span that ended
+        on an unsure position; otherwise it is verified like any block (so a lossless request
+        is verified whatever the policy says), without the fast-mode confidence cut. The
+        drafter is one of this client's local models ("" = the default)."""
+        drafter = plan.drafter if plan.drafter in self.cursors else ""
+        if plan.drafter != drafter:
+            plan = replace(plan, drafter=drafter)
+        if plan.verify or (self.fast and not self.force_verify
+                           and self.unverified_run < self.max_unverified_run):
+            return plan
+        return replace(plan, verify=True, min_confidence=0.0)
+
     def _draft(self, k: int, plan: Plan) -> Block:
-        vocab = self.draft.vocab_size
+        cursor = self.cursors.get(plan.drafter or DEFAULT_DRAFTER, self.cursor)
+        vocab = cursor.runtime.vocab_size
         max_entries = plan.q_entries or self.config.max_q_entries
         limits = self.link.limits
         if limits is not None:
             vocab = min(vocab, limits.vocab_size or vocab)
             max_entries = min(max_entries, limits.max_q_entries or max_entries)
-        return self.cursor.draft(self.context, k, self.chooser, vocab_size=vocab,
+        return cursor.draft(self.context, k, self.chooser, vocab_size=vocab,
                                  max_entries=max_entries, stop_ids=self.request.stop_ids,
                                  min_confidence=plan.min_confidence)
 
@@ -228,7 +264,10 @@ class Generation:
                     self._go_offline()
                     self._check_halt()
                     return
-            sent = self.link.send(len(self.context), block)
+            # Fast mode: the tokens emitted unverified since the verifier's context ride ahead
+            # of the block, so its context follows without a re-open (empty when lossless).
+            start = self.link.server_context
+            sent = self.link.send(start, block, unverified=self.context[start:])
             record.attempts += 1
             record.bytes_up += sent.bytes_up
             record.send_s += sent.send_s
@@ -363,6 +402,9 @@ class Generation:
             self.result.ttft_s = time.monotonic() - self.t0
         self.result.token_ids.extend(tokens)
         self.result.verified.extend([verified] * len(tokens))
+        self.unverified_run = 0 if verified else self.unverified_run + len(tokens)
+        if verified:
+            self.force_verify = False
         self.context.extend(tokens)
         self.result.finish_reason = reason
         if self.on_tokens is not None:

@@ -46,6 +46,25 @@ def onnx_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_dir() -> Path:
+    """The edge ladder's middle rung (HF directory; its GGUF and ONNX beside it)."""
+    return MODELS / "tandem-small"
+
+
+LOCAL_MODELS = ("tandem-draft", "tandem-small")
+
+
+@pytest.fixture(scope="session", params=LOCAL_MODELS)
+def local_model(request) -> dict[str, Path]:
+    """Each shipped local model in turn: its HF directory, GGUF and ONNX files."""
+    if request.param == "tandem-draft":
+        family = _family()
+        return {"dir": family["draft"], "gguf": family["gguf"], "onnx": family["onnx"]}
+    model = MODELS / request.param
+    return {"dir": model, "gguf": model / f"{model.name}-f32.gguf", "onnx": model / f"{model.name}.onnx"}
+
+
+@pytest.fixture(scope="session")
 def heldout_prompts() -> list[str]:
     """Held-out code prompts (models/prompts/heldout.jsonl), in a fixed order."""
     lines = (MODELS / "prompts/heldout.jsonl").read_text().splitlines()

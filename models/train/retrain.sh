@@ -13,7 +13,7 @@ $PY -m models.train.train --role target --minutes "$TARGET_MIN" --seed "$SEED"
 $PY -m models.train.train --role draft --teacher models/tandem-target --minutes "$DRAFT_MIN" --seed "$SEED"
 # The ladder's middle rung: 1 thread, shorter sequences (more steps in its budget).
 $PY -m models.train.train --role small --teacher models/tandem-target --minutes "$SMALL_MIN" --seed "$SEED" \
-    --threads 1 --seq 256 --warmup 30 --checkpoint-every 25
+    --threads 1 --seq 256 --warmup 30 --checkpoint-every 25 --save-dtype float16  # 80 MB cap
 for m in tandem-draft tandem-small; do
     $PY -m models.export.gguf --hf models/$m
     $PY -m models.export.onnx --hf models/$m

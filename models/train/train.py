@@ -90,6 +90,9 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save-dtype", choices=("float32", "float16"), default="float32",
+                        help="dtype of the saved HF weights (float16 halves the file; every "
+                             "loader and exporter upcasts to float32, exactly)")
     args = parser.parse_args()
 
     preset = PRESETS[args.role]
@@ -168,13 +171,16 @@ def main() -> None:
     save_checkpoint()
 
     val = heldout_loss(model, heldout_tokens, args.seq)
-    model.config.dtype = "float32"
+    if args.save_dtype == "float16":
+        model = model.half()
+    model.config.dtype = args.save_dtype
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     summary = {"role": args.role, "name": preset.name, "parameters": n_params, "steps": step,
                "train_minutes": round(elapsed / 60, 1), "batch": args.batch, "seq": args.seq,
                "tokens_seen": step * args.batch * args.seq, "heldout_loss": round(val, 4),
-               "heldout_ppl": round(math.exp(val), 2), "seed": args.seed}
+               "heldout_ppl": round(math.exp(val), 2), "seed": args.seed,
+               "save_dtype": args.save_dtype}
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     log.info("done: %s", json.dumps(summary))
 
