@@ -91,6 +91,9 @@ def run_sim(config: SimConfig, json_path: Path | None = None, plots_dir: Path | 
         server.stop(0).wait(30)
 
     trace_name = config.trace_profile if config.trace_profile in result.records else config.profiles[0]
+    if trace_name != config.trace_profile:
+        log.warning("trace_profile %r was not run: plotting %r instead", config.trace_profile,
+                    trace_name)
     result.trace, result.trace_profile = session_trace(result.records[trace_name]), trace_name
     result.elapsed_s = time.monotonic() - started
     if json_path is not None:

@@ -197,7 +197,7 @@ def describe_errors(exc: ValidationError, cls: type[BaseModel], path: Path | str
             message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
             shown = f" (got {error['input']!r})" if "input" in error and not isinstance(
                 error["input"], (dict, list)) else ""
-            lines.append(f"{where}: {key or 'config'}: {message}{shown}")
+            lines.append(f"{where}: {key + ': ' if key else ''}{message}{shown}")
     return "; ".join(lines)
 
 

@@ -156,3 +156,15 @@ def test_cli_errors_are_one_line(args, message):
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert "Traceback" not in result.stderr and message in lines[-1], result.stderr
+
+
+def test_sim_profiles_subset_and_unknown_profile(clean_env):
+    """The README's `tandem sim --profiles lan,lte` loads with the shipped sim.yaml (its flaky
+    overrides kept for later runs); an unknown profile is named, with the nearest one."""
+    from bench.sim_config import SimConfig
+    config = load_config("configs/sim.yaml", SimConfig, {"profiles": ["lan", "lte"]},
+                         env_prefix="TANDEM_SIM_")
+    assert config.profiles == ("lan", "lte") and "flaky" in config.profile_overrides
+    with pytest.raises(ConfigError, match=r"command line: profiles: unknown channel profile "
+                                          r"'ltee' \(did you mean 'lte'\?\)"):
+        load_config("configs/sim.yaml", SimConfig, {"profiles": ["lan", "ltee"]})
