@@ -350,3 +350,14 @@ def test_live_daemon_never_answers_500_to_fuzzed_bodies(http, raw, path):
 
 def test_daemon_still_serves_after_the_fuzzing(client):
     assert client.completions.create(model=MODEL, prompt="def f(", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_daemon_refuses_a_port_in_use():
+    from edge.daemon.server import bind
+    first = bind("127.0.0.1", 0)
+    first.listen()
+    try:
+        with pytest.raises(ConfigError, match=r"cannot bind 127\.0\.0\.1:\d+: Address already in use"):
+            bind("127.0.0.1", first.getsockname()[1])
+    finally:
+        first.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 import time
 
@@ -83,6 +84,20 @@ def check_exposure(daemon: DaemonConfig) -> None:
                       "daemon.allow_insecure_public: true")
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on host:port; ConfigError when it cannot be bound (a port
+    in use is refused, never shared)."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restart after TIME_WAIT
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -96,7 +111,12 @@ def serve(config: EdgeConfig) -> None:
     """Run in the foreground until SIGTERM / SIGINT. Raises ConfigError for an exposed daemon
     without a key."""
     check_exposure(config.daemon)
-    engine = load_engine(config)
+    sock = bind(config.daemon.host, config.daemon.port)  # a port in use fails here, in one line
+    try:
+        engine = load_engine(config)
+    except BaseException:
+        sock.close()
+        raise
     server = _uvicorn(engine, config.daemon.host, config.daemon.port, config.cloud.address)
     # uvicorn handles SIGTERM/SIGINT while it runs, then restores the previous handlers and
     # re-raises the signal: with these in place the re-raise only lands here, so the engine
@@ -105,9 +125,10 @@ def serve(config: EdgeConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stops.append(signum))
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         engine.close()
+        sock.close()
     log.info("stopped (%s)", ", ".join(signal.Signals(s).name for s in stops) or "server exit")
 
 
