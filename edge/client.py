@@ -20,19 +20,23 @@ from dataclasses import dataclass, field
 import grpc
 
 from edge.config import DEFAULT_DRAFTER, ClientConfig
+from edge.control.offline import OfflineControl, OfflineMode
 from edge.control.policy import DraftPolicy, FixedK, make_policy
 from edge.drafting import DraftCursor
+from edge.link_monitor import LinkMonitor
 from edge.link import VerifierLink, check_verdict
 from edge.loop import Generation, OnRound, OnTokens, block_length, truncate
 from edge.rounds import GenerationResult, RoundRecord
 from edge.runtime.base import DraftRuntime
-from edge.session_stream import ClientError, CloudUnavailable, ProtocolError, VerifierRefused
+from edge.session_stream import (ClientError, CloudUnavailable, ProtocolError,
+                                 VerifierMisconfigured, VerifierRefused, VerifierUnavailable)
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
 __all__ = ["EdgeClient", "GenerationRequest", "GenerationResult", "RoundRecord", "block_length",
            "check_verdict", "truncate", "ClientError", "CloudUnavailable", "ProtocolError",
-           "VerifierRefused", "OnTokens", "OnRound"]
+           "VerifierRefused", "VerifierMisconfigured", "VerifierUnavailable", "OnTokens",
+           "OnRound"]
 
 
 @dataclass
@@ -48,9 +52,14 @@ class GenerationRequest:
     # spans unverified (edge/control/entropy.py). None = client.mode.
     mode: str | None = None
     max_unverified_run: int | None = None  # fast mode's bound; None = client.max_unverified_run
+    # While the verifier is away: "continue" | "wait" | "require_verified" (edge/control/
+    # offline.py); None = client.offline. offline_wait_s: None = client.offline_wait_s.
+    offline: str | None = None
+    offline_wait_s: float | None = None
 
 
 MODES = ("lossless", "fast")
+OFFLINE_MODES = tuple(mode.value for mode in OfflineMode)
 
 
 class EdgeClient:
@@ -65,7 +74,11 @@ class EdgeClient:
     def __init__(self, channel: grpc.Channel, draft: DraftRuntime, config: ClientConfig,
                  metadata: Sequence[tuple[str, str]] = (),
                  policy: DraftPolicy | None = None,
-                 drafters: Mapping[str, DraftRuntime] | None = None) -> None:
+                 drafters: Mapping[str, DraftRuntime] | None = None,
+                 monitor: LinkMonitor | None = None) -> None:
+        """monitor: the link monitor shared by this process's clients (edge/link_monitor.py);
+        with it, a returning verifier is used as soon as it answers, and a misconfigured link
+        fails the request naming the cause."""
         self.stub = pb_grpc.DecodingStub(channel)
         self.draft = draft
         self.config = config
@@ -77,6 +90,7 @@ class EdgeClient:
         self.cursor = self.cursors[DEFAULT_DRAFTER]
         self.policy = policy if policy is not None else make_policy(config.policy, config)
         self.jitter_rng = random.Random()  # unseeded: edges must not retry in lockstep
+        self.monitor = monitor
 
     def generate(self, request: GenerationRequest, on_tokens: OnTokens | None = None,
                  on_round: OnRound | None = None,
@@ -96,17 +110,25 @@ class EdgeClient:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if request.max_unverified_run is not None and request.max_unverified_run < 0:
             raise ValueError(f"max_unverified_run must be >= 0, got {request.max_unverified_run}")
+        if request.offline is not None and request.offline not in OFFLINE_MODES:
+            raise ValueError(f"offline must be one of {OFFLINE_MODES}, got {request.offline!r}")
+        offline = OfflineControl(self.config, self.monitor, request.offline,
+                                 request.offline_wait_s)
         policy = (self.policy if request.draft_length is None
-                  else FixedK(request.draft_length))
+                  else FixedK(request.draft_length, draft_ahead=self.config.draft_ahead,
+                              send_ahead=self.config.send_ahead))
         link = VerifierLink(self.stub, self.metadata, session_id=uuid.uuid4().hex,
                             target_model=self.config.target_model,
                             fingerprint=self.draft.fingerprint(), sampling=request.sampling,
-                            fast=mode == "fast")
-        return Generation(request=request, draft=self.draft, cursor=self.cursor,
-                          config=self.config, policy=policy, link=link, on_tokens=on_tokens,
-                          on_round=on_round, stop_event=stop_event,
-                          jitter_rng=self.jitter_rng, cursors=self.cursors,
-                          fast=mode == "fast",
-                          max_unverified_run=self.config.max_unverified_run
-                          if request.max_unverified_run is None
-                          else request.max_unverified_run).run()
+                            fast=mode == "fast", pinned_digest=self.config.target_digest)
+        try:
+            return Generation(request=request, draft=self.draft, cursor=self.cursor,
+                              config=self.config, policy=policy, link=link,
+                              on_tokens=on_tokens, on_round=on_round, stop_event=stop_event,
+                              jitter_rng=self.jitter_rng, cursors=self.cursors,
+                              fast=mode == "fast",
+                              max_unverified_run=self.config.max_unverified_run
+                              if request.max_unverified_run is None
+                              else request.max_unverified_run, offline=offline).run()
+        finally:
+            offline.close()

@@ -94,10 +94,6 @@ class AdaptiveConfig(Settings):
     adapt_q_entries: bool = Field(True, description="fewer sparse-q entries per position on a "
                                   "slow uplink (sampling; lossless either way)")
     min_q_entries: int = Field(4, ge=1, le=1024, description="fewest q entries per position")
-    send_ahead: int = Field(1, ge=1, le=8, description="most blocks in flight the controller "
-                            "may choose (1 = no send-ahead; also capped by the server)")
-    draft_ahead: bool = Field(False, description="draft the next block while the current one "
-                              "is being verified")
     cloud_generate: bool = Field(False, description="let the controller ask the verifier to "
                                  "generate by itself when speculation does not pay")
     cloud_generate_tokens: int = Field(16, ge=1, le=1024, description="tokens per "
@@ -151,6 +147,11 @@ class ClientConfig(Settings):
     target_model: str = Field("", description="target model to ask for; empty = server default")
     policy: str = Field("fixed", description="draft policy by name: fixed (draft_length every "
                         "round), adaptive, or a peer's rule (edge/control)")
+    draft_ahead: bool = Field(False, description="pipelining: draft the next block while the "
+                              "current one is being verified (edge/pipeline.py)")
+    send_ahead: int = Field(1, ge=1, le=8, description="pipelining: most blocks in flight (1 = "
+                            "none; also capped by the verifier's max_in_flight); fixed uses it "
+                            "every round, adaptive chooses up to it on long RTTs")
     adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
     device: DeviceProfile = Field(default_factory=DeviceProfile)
     entropy: EntropySwitchConfig = Field(default_factory=EntropySwitchConfig)

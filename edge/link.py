@@ -20,7 +20,9 @@ import grpc
 
 from edge.config import CloudLinkConfig
 from edge.drafting import Block
-from edge.session_stream import LinkDown, ProtocolError, RecvTimeout, SessionStream
+from edge.link_errors import IdentityMismatch, check_identity
+from edge.session_stream import (LinkDown, ProtocolError, RecvTimeout, SessionStream,
+                                 VerifierMisconfigured)
 from tandem.codec import to_proto
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb
@@ -102,7 +104,8 @@ class VerifierLink:
 
     def __init__(self, stub: pb_grpc.DecodingStub, metadata: Sequence[tuple[str, str]], *,
                  session_id: str, target_model: str, fingerprint: str, sampling: SamplingParams,
-                 should_stop: Callable[[], bool] = lambda: False, fast: bool = False) -> None:
+                 should_stop: Callable[[], bool] = lambda: False, fast: bool = False,
+                 pinned_digest: str = "") -> None:
         self.stub = stub
         self.metadata = tuple(metadata)
         self.session_id = session_id
@@ -111,6 +114,12 @@ class VerifierLink:
         self.sampling = sampling
         self.should_stop = should_stop
         self.fast = fast             # open in MODE_FAST: blocks may carry unverified tokens
+        # Target identity (edge/link_errors.check_identity): every open and re-open must meet
+        # the pinned digest (if any) and the one the generation's first open saw.
+        self.pinned_digest = pinned_digest
+        self.seen_digest: str | None = None
+        self.open_rtt_s: float | None = None
+        self.prefill_s = 0.0
         # Context length the verifier holds (set by Opened and each verdict): in fast mode the
         # edge's context runs ahead of it by the tokens it emitted unverified since.
         self.server_context = 0
@@ -140,6 +149,7 @@ class VerifierLink:
             sampling=pb.SamplingParams(temperature=params.temperature, top_k=params.top_k,
                                        top_p=params.top_p, seed=params.seed),
             mode=pb.MODE_FAST if self.fast else pb.MODE_LOSSLESS))
+        t_open = time.monotonic()
         self.bytes_up += stream.send(message)
         try:
             reply = self._recv(stream, timeout_s)
@@ -153,22 +163,38 @@ class VerifierLink:
         if kind != "opened":
             stream.abandon()
             raise ProtocolError(f"expected Opened, got {kind}")
+        target = reply.opened.target if reply.opened.HasField("target") else None
+        try:
+            check_identity(target, self.pinned_digest, self.seen_digest)
+        except IdentityMismatch as mismatch:
+            stream.abandon()
+            raise VerifierMisconfigured(str(mismatch)) from None
+        if target is not None and target.digest:
+            self.seen_digest = target.digest
         self.limits = reply.opened.limits if reply.opened.HasField("limits") else None
         self.load = reply.opened.load
+        # The Open's round trip and the server's share of it (the offline policy's first RTT).
+        self.open_rtt_s = time.monotonic() - t_open
+        self.prefill_s = reply.opened.prefill_ms / 1000.0
         self.stream = stream
         self.server_context = len(context)
         self.opens += 1
 
-    def send(self, start: int, block: Block, unverified: Sequence[int] = ()) -> Sent:
+    def send(self, start: int, block: Block, unverified: Sequence[int] = (), *,
+             ahead: bool = False, assumed_token: int = 0, in_flight: int = 1) -> Sent:
         """Queue Draft(round, start, block) on the open stream; returns at once. `unverified`
         (fast mode): tokens emitted since the verifier's context, sent ahead of the block; the
-        block then starts at start + len(unverified)."""
+        block then starts at start + len(unverified). `ahead` (send-ahead, edge/pipeline.py):
+        the block assumes the one before it is accepted whole with bonus `assumed_token`;
+        `in_flight` counts the blocks in flight with this one."""
         assert self.stream is not None, "send on a closed link"
         assert not unverified or self.fast, "unverified tokens on a lossless session"
         t0 = time.monotonic()
         self.wire_round += 1
         draft = pb.Draft(round=self.wire_round, start=start, tokens=block.tokens,
                          unverified=unverified)
+        if ahead or in_flight > 1:  # unset on plain rounds: an older verifier reads them the same
+            draft.ahead, draft.assumed_token, draft.in_flight = ahead, assumed_token, in_flight
         start += len(unverified)
         for q in block.q:
             to_proto(q, draft.q.add())
@@ -180,9 +206,10 @@ class VerifierLink:
         return Sent(round=self.wire_round, start=start, k=len(block), bytes_up=size,
                     t_sent=t1, send_s=t1 - t0)
 
-    def await_verdict(self, sent: Sent, timeout_s: float) -> tuple[pb.Verdict, int]:
+    def await_verdict(self, sent: Sent, timeout_s: float,
+                      allow_discarded: bool = False) -> tuple[pb.Verdict, int]:
         """The verdict of `sent` and its serialized size. Raises Evicted, LinkDown, Stopped,
-        VerifierRefused, ProtocolError."""
+        VerifierRefused, ProtocolError. A discarded verdict (send-ahead) only when allowed."""
         assert self.stream is not None, "await on a closed link"
         reply = self._recv(self.stream, timeout_s)
         kind = reply.WhichOneof("kind")
@@ -190,9 +217,43 @@ class VerifierLink:
             raise Evicted()
         if kind != "verdict":
             raise ProtocolError(f"expected Verdict for round {sent.round}, got {kind}")
+        if reply.verdict.discarded:
+            if not allow_discarded or reply.verdict.round != sent.round:
+                raise ProtocolError(f"unexpected discarded verdict for round "
+                                    f"{reply.verdict.round} (awaiting {sent.round})")
+            return reply.verdict, reply.ByteSize()
         check_verdict(reply.verdict, sent.round, sent.start, sent.k, self.limits)
         self.server_context = sent.start + reply.verdict.accepted + 1
         return reply.verdict, reply.ByteSize()
+
+    def send_generate(self, start: int, max_tokens: int, stop_ids: Sequence[int]) -> Sent:
+        """Queue Generate (cloud-generates) on the open stream; returns at once."""
+        assert self.stream is not None, "send on a closed link"
+        t0 = time.monotonic()
+        self.wire_round += 1
+        size = self.stream.send(pb.ClientMessage(generate=pb.Generate(
+            round=self.wire_round, start=start, max_tokens=max_tokens, stop_ids=stop_ids)))
+        self.bytes_up += size
+        t1 = time.monotonic()
+        return Sent(round=self.wire_round, start=start, k=0, bytes_up=size, t_sent=t1,
+                    send_s=t1 - t0)
+
+    def await_generated(self, sent: Sent, timeout_s: float) -> tuple[pb.Generated, int]:
+        """The next token of a Generate and its serialized size. Raises Evicted, LinkDown,
+        Stopped, VerifierRefused, ProtocolError."""
+        assert self.stream is not None, "await on a closed link"
+        reply = self._recv(self.stream, timeout_s)
+        kind = reply.WhichOneof("kind")
+        if kind == "evicted":
+            raise Evicted()
+        if kind != "generated" or reply.generated.round != sent.round:
+            raise ProtocolError(f"expected Generated for round {sent.round}, got {kind}")
+        generated = reply.generated
+        if self.limits is not None and self.limits.vocab_size and \
+                generated.token >= self.limits.vocab_size:
+            raise ProtocolError(f"generated token {generated.token} outside the vocabulary")
+        self.server_context = generated.context_length
+        return generated, reply.ByteSize()
 
     def _recv(self, stream: SessionStream, timeout_s: float) -> pb.ServerMessage:
         deadline = time.monotonic() + timeout_s

@@ -31,12 +31,15 @@ from dataclasses import replace
 import grpc
 
 from edge.config import DEFAULT_DRAFTER, ClientConfig
+from edge.control.offline import OfflineControl, OfflineMode
 from edge.control.policy import DraftPolicy, Plan, RoundView
 from edge.drafting import Block, DraftCursor, TokenChooser
 from edge.link import Evicted, Stopped, VerifierLink
+from edge.pipeline import Pipeline
 from edge.rounds import GenerationResult, RoundRecord
 from edge.runtime.base import DraftRuntime
-from edge.session_stream import CloudUnavailable, LinkDown, VerifierRefused
+from edge.session_stream import (CloudUnavailable, LinkDown, VerifierMisconfigured,
+                                 VerifierRefused, VerifierUnavailable)
 from tandem.v1 import decoding_pb2 as pb
 
 # on_tokens(ids, verified) -> False stops the generation (None or True go on).
@@ -87,8 +90,11 @@ class Generation:
                  stop_event: threading.Event | None = None,
                  jitter_rng: random.Random | None = None,
                  cursors: Mapping[str, DraftCursor] | None = None, fast: bool = False,
-                 max_unverified_run: int = 0) -> None:
+                 max_unverified_run: int = 0, offline: OfflineControl | None = None) -> None:
         self.request = request
+        # Deadlines from the measured link, the circuit breaker, the monitor and the request's
+        # offline mode (edge/control/offline.py).
+        self.offline_ctl = offline if offline is not None else OfflineControl(config)
         self.draft = draft
         self.cursor = cursor
         # The local models by ladder name (`cursor` is the default one, "draft").
@@ -115,6 +121,7 @@ class Generation:
         self.next_probe_at = 0       # while offline: re-open once this many tokens are committed
         self.t0 = 0.0
         link.should_stop = self.stopped
+        self.pipeline = Pipeline(self)  # draft-ahead, send-ahead, cloud-generates
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -125,7 +132,7 @@ class Generation:
         self.t0 = time.monotonic()
         try:
             self.cursor.sync(self.context)  # prefill the draft while nothing else runs
-            if not self._open_with_retries():
+            if not self._open_with_retries() and not self._verifier_back():
                 self._go_offline()
             while not self.result.finish_reason:
                 if self.stopped():
@@ -167,6 +174,7 @@ class Generation:
                          sampling=not self.request.sampling.greedy,
                          history=self.result.rounds_log, context_length=len(self.context),
                          max_q_entries=max_q, server_load=self.link.load,
+                         max_send_ahead=max(limits.max_in_flight, 1) if limits is not None else 1,
                          drafters=tuple(self.cursors))
 
     def _round(self) -> None:
@@ -187,7 +195,13 @@ class Generation:
             if k == 0:  # nothing to skip (e.g. one token left): a verified round makes progress
                 plan = replace(plan, verify=True, min_confidence=0.0)
         t_start = time.monotonic() - self.t0
-        block = self._draft(k, plan)
+        pipelined = plan.verify and not self.fast  # fast mode's unverified runs go sequential
+        if pipelined and plan.cloud_generate and \
+                self.pipeline.cloud_round(plan.cloud_generate, t_start):
+            return
+        block = self.pipeline.take_ahead(k, plan) if pipelined else None
+        if block is None:
+            block = self._draft(k, plan)
         if not plan.verify and block.confidences and block.confidences[0] < plan.min_confidence:
             # Unsure from the first position on: nothing to skip, the verifier checks it.
             plan = replace(plan, verify=True)
@@ -202,7 +216,10 @@ class Generation:
                                      entropies=block.entropies, t_start_s=t_start))
             self._check_halt()
             return
-        self._verify_round(block, k, plan, t_start)
+        if pipelined and (plan.draft_ahead or plan.send_ahead > 1):
+            self.pipeline.run_round(block, k, plan, t_start)
+        else:
+            self._verify_round(block, k, plan, t_start)
 
     def _gate(self, plan: Plan) -> Plan:
         """The plan the loop runs: a skippable block (verify False) stays skippable only in fast
@@ -218,7 +235,11 @@ class Generation:
             return plan
         return replace(plan, verify=True, min_confidence=0.0)
 
-    def _draft(self, k: int, plan: Plan) -> Block:
+    def _draft_after(self, prefix: list[int], k: int, plan: Plan) -> Block:
+        """Draft k tokens after `prefix` (a context the verdicts may still confirm)."""
+        return self._draft(k, plan, context=prefix)
+
+    def _draft(self, k: int, plan: Plan, context: list[int] | None = None) -> Block:
         cursor = self.cursors.get(plan.drafter or DEFAULT_DRAFTER, self.cursor)
         vocab = cursor.runtime.vocab_size
         max_entries = plan.q_entries or self.config.max_q_entries
@@ -226,7 +247,8 @@ class Generation:
         if limits is not None:
             vocab = min(vocab, limits.vocab_size or vocab)
             max_entries = min(max_entries, limits.max_q_entries or max_entries)
-        return cursor.draft(self.context, k, self.chooser, vocab_size=vocab,
+        return cursor.draft(self.context if context is None else context, k, self.chooser,
+                            vocab_size=vocab,
                                  max_entries=max_entries, stop_ids=self.request.stop_ids,
                                  min_confidence=plan.min_confidence)
 
@@ -254,8 +276,11 @@ class Generation:
                 # now: back off before asking again.
                 given_up = (evictions > self.config.max_evictions_per_round
                             or broken > self.config.max_retries
+                            or (broken and not self.offline_ctl.retry_now(broken))
                             or not self._open_with_retries(backoff_first=evictions > 1 or
                                                            broken > 0))
+                if given_up and self._verifier_back():
+                    continue  # "wait" mode: the verifier came back; the block goes to it
                 if given_up:
                     record.mode = "local"
                     record.committed = self._commit(block.tokens, verified=False,
@@ -272,14 +297,16 @@ class Generation:
             record.bytes_up += sent.bytes_up
             record.send_s += sent.send_s
             try:
-                verdict, size = self.link.await_verdict(sent, self.config.round_timeout_s)
+                verdict, size = self.link.await_verdict(
+                    sent, self.offline_ctl.round_deadline(len(block)))
             except Evicted:
                 # Our state on the server is gone; the re-open carries the full context.
                 evictions += 1
                 self.link.drop()
                 continue
-            except LinkDown:
+            except LinkDown as error:
                 broken += 1
+                self.offline_ctl.failure(error)
                 self.link.drop()
                 continue
             except Stopped:
@@ -288,6 +315,8 @@ class Generation:
             record.rtt_s = time.monotonic() - sent.t_sent
             record.bytes_down += size
             self._apply(record, block, verdict)
+            self.offline_ctl.verdict(record.rtt_s, len(block), record.server_queue_s
+                                     + record.server_forward_s + record.server_verify_s)
             return
 
     def _apply(self, record: RoundRecord, block: Block, verdict: pb.Verdict) -> None:
@@ -312,7 +341,8 @@ class Generation:
             self.on_round(record)
 
     def _offline_stretch(self) -> None:
-        """Generate locally up to the next probe point, then try to re-open once."""
+        """Generate locally up to the next probe point, then re-open if the offline policy
+        says a probe is due (by time, by local tokens, or the monitor saw the verifier)."""
         remaining = self.request.max_tokens - len(self.result.token_ids)
         # The draft's cache must hold the context plus what it generates (the last one is fed
         # by the next sync).
@@ -330,20 +360,26 @@ class Generation:
                                  draft_s=block.draft_s, confidences=block.confidences,
                                  entropies=block.entropies, t_start_s=t_start))
         self._check_halt()
+        self.offline_ctl.local_tokens(len(block))
         if self.result.finish_reason:
             return
         self.next_probe_at = len(self.result.token_ids) + self.config.offline_probe_tokens
         if len(self.context) >= self.max_context:
             return  # no verifier round would fit this context: stay local
+        self._raise_if_misconfigured()
+        if not self.offline_ctl.probe_due():
+            return
         try:
-            self.link.open(self.context, self.config.open_timeout_s)
-        except LinkDown:
+            self.link.open(self.context, self.offline_ctl.open_deadline(len(self.context)))
+        except LinkDown as error:
+            self.offline_ctl.failure(error)
             return
         except VerifierRefused as refused:
             if refused.code != grpc.StatusCode.OUT_OF_RANGE:
                 raise
             self.next_probe_at = self.request.max_tokens  # the context outgrew the server
             return
+        self.offline_ctl.opened(self.link)
         self.offline = False
 
     # ---- the link -------------------------------------------------------------------------
@@ -359,12 +395,18 @@ class Generation:
             delay = min(delay * cfg.retry_multiplier, cfg.retry_max_backoff_s)
         failures = 0
         while True:
+            self._raise_if_misconfigured()
             try:
-                self.link.open(self.context, cfg.open_timeout_s)
+                self.link.open(self.context, self.offline_ctl.open_deadline(len(self.context)))
+                self.offline_ctl.opened(self.link)
                 return True
             except LinkDown as error:
                 failures += 1
-                if failures > cfg.max_retries or time.monotonic() + delay > deadline:
+                self.offline_ctl.failure(error)
+                # The monitor says the verifier is down: waiting out the retries would only
+                # pause the generation (it probes, and a probe re-opens once it answers).
+                if (failures > cfg.max_retries or time.monotonic() + delay > deadline
+                        or not self.offline_ctl.retry_now(failures)):
                     if not cfg.offline_enabled:
                         raise CloudUnavailable(f"verifier unreachable after {failures} "
                                                f"attempts: {error}") from error
@@ -383,6 +425,43 @@ class Generation:
             time.sleep(seconds)
         if self.stopped():
             raise _Stop()
+
+    def _raise_if_misconfigured(self) -> None:
+        cause = self.offline_ctl.misconfiguration()
+        if cause:
+            raise VerifierMisconfigured(cause)
+
+    def _verifier_back(self) -> bool:
+        """The verifier stayed unreachable: what the request's offline mode says. continue:
+        False (go on locally). require_verified: raise, naming the cause. wait: pause (at most
+        offline_wait_s over the whole generation) until the verifier answers again and re-open;
+        True when it did, False when the wait ran out (then go on locally)."""
+        self.link.drop()
+        self._raise_if_misconfigured()
+        ctl = self.offline_ctl
+        cause = ctl.breaker.reason or "the verifier is unreachable"
+        if ctl.mode is OfflineMode.REQUIRE_VERIFIED:
+            raise VerifierUnavailable(f"{cause}; this request requires verified tokens "
+                                      "(offline: require_verified)")
+        if ctl.mode is not OfflineMode.WAIT:
+            return False
+        while ctl.wait_s > 0:
+            started = time.monotonic()
+            up = ctl.wait_for_link(ctl.wait_s, self.stopped)
+            ctl.wait_s -= time.monotonic() - started
+            if self.stopped():
+                raise _Stop()
+            if not up:
+                break
+            try:
+                self.link.open(self.context, ctl.open_deadline(len(self.context)))
+            except LinkDown as error:
+                ctl.failure(error)
+                continue
+            ctl.opened(self.link)
+            return True
+        ctl.wait_s = 0.0
+        return False
 
     def _go_offline(self) -> None:
         self.link.drop()

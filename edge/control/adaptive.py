@@ -63,6 +63,8 @@ class AdaptivePolicy:
         self.cfg = cfg
         self.device = config.device
         self.max_q_entries = config.max_q_entries
+        self.draft_ahead = config.draft_ahead
+        self.max_send_ahead = config.send_ahead
         self.channel = ChannelEstimator(cfg.rtt_alpha)
         settings = dict(max_positions=cfg.max_draft_length, alpha=cfg.acceptance_alpha,
                         prior=cfg.prior_acceptance, prior_weight=cfg.prior_weight)
@@ -167,12 +169,12 @@ class AdaptivePolicy:
                 return Plan(k=0, cloud_generate=n)
         q_entries = self.choose_q_entries(k) if view.sampling else None
         send_ahead = 1
-        if self.cfg.send_ahead > 1 and k > 0:
+        if self.max_send_ahead > 1 and k > 0:
             # Worth it when a full accept is likely and the link, not the draft, is the wait.
             p_full = self.expected_tokens(k) - self.expected_tokens(k - 1)
             wait = self.channel.net_rtt(self.block_bytes(k)) + self.channel.server_s()
             if p_full >= 0.5 and wait > self.t_draft() * k:
-                send_ahead = min(self.cfg.send_ahead, max(view.max_send_ahead, 1),
+                send_ahead = min(self.max_send_ahead, max(view.max_send_ahead, 1),
                                  1 + int(wait / max(self.t_draft() * k, 1e-6)))
         # Dither: every other round a slightly shorter block, so the link's cost per byte can
         # be told from its latency (edge/control/channel.py fits a line); the rate is flat
@@ -181,7 +183,7 @@ class AdaptivePolicy:
         if self.cfg.dither and k >= 2 and self.verified_rounds % 2:
             chosen = k - max(1, k // 4)
         return Plan(k=chosen, min_confidence=self.min_confidence(rate), q_entries=q_entries,
-                    send_ahead=send_ahead)
+                    send_ahead=send_ahead, draft_ahead=self.draft_ahead and chosen > 0)
 
     def update(self, record: RoundRecord) -> None:
         self.channel.update(record)

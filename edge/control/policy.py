@@ -52,7 +52,8 @@ class Plan:
     drafter: str | None = None      # which local model drafts (None = default)
     verify: bool = True             # False = commit unverified (fast mode / local)
     q_entries: int | None = None    # sparse-q entries per position (sampling); None = config
-    send_ahead: int = 1             # blocks allowed in flight
+    send_ahead: int = 1             # blocks allowed in flight (edge/pipeline.py)
+    draft_ahead: bool = False       # draft the next block while this one is being verified
     cloud_generate: int = 0         # > 0: ask the verifier to generate n tokens itself
 
     def __post_init__(self) -> None:
@@ -68,15 +69,19 @@ class DraftPolicy(Protocol):
 
 
 class FixedK:
-    """Draft k tokens every round (capped by view.max_k): the behaviour before policies."""
+    """Draft k tokens every round (capped by view.max_k): the behaviour before policies.
+    Optionally pipelined: draft ahead, and up to send_ahead blocks in flight."""
 
-    def __init__(self, k: int) -> None:
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
+    def __init__(self, k: int, *, draft_ahead: bool = False, send_ahead: int = 1) -> None:
+        if k < 0 or send_ahead < 1:
+            raise ValueError(f"k must be >= 0 and send_ahead >= 1, got {k}, {send_ahead}")
         self.k = k
+        self.draft_ahead = draft_ahead
+        self.send_ahead = send_ahead
 
     def plan(self, view: RoundView) -> Plan:
-        return Plan(k=min(self.k, view.max_k))
+        return Plan(k=min(self.k, view.max_k), draft_ahead=self.draft_ahead,
+                    send_ahead=self.send_ahead)
 
     def update(self, record: RoundRecord) -> None:
         pass
@@ -113,7 +118,8 @@ def make_policy(name: str, config: "ClientConfig") -> DraftPolicy:
 
 @register_policy("fixed")
 def _fixed(config: "ClientConfig") -> DraftPolicy:
-    return FixedK(config.draft_length)
+    return FixedK(config.draft_length, draft_ahead=config.draft_ahead,
+                  send_ahead=config.send_ahead)
 
 
 def _load_builtin() -> None:
