@@ -32,7 +32,7 @@ from edge.client import (CloudUnavailable, EdgeClient, GenerationRequest, Genera
                          ProtocolError, VerifierRefused)
 from edge.config import ClientConfig, DaemonConfig
 from edge.daemon.chat_template import ChatTemplate, TemplateError, plain_chat_prompt
-from edge.daemon.detokenizer import IncrementalDetokenizer
+from edge.daemon.detokenizer import make_detokenizer
 from edge.daemon.errors import (ApiError, ContextLengthExceeded, GenerationFailed,
                                 GenerationTimeout, InvalidRequest, ModelNotFound, Overloaded,
                                 VerifierError, VerifierUnavailable)
@@ -248,7 +248,7 @@ class Engine:
     def _generate(self, client: EdgeClient, job: GenerationJob, on_text: OnText | None,
                   halt: threading.Event) -> GenerationOutput:
         stop_ids = frozenset() if job.ignore_eos else self.tokenizer.stop_ids
-        detok = IncrementalDetokenizer(self.tokenizer.decode)
+        detok = make_detokenizer(self.tokenizer)  # tokenizers' native decode stream
         stops = StopMatcher(job.stop_strings)
         emitted = _Emitted(t0=time.monotonic())
         deadline = emitted.t0 + self.config.request_timeout_s
