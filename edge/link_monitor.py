@@ -165,3 +165,16 @@ class LinkMonitor:
         for listener in listeners:
             listener(status)
         return status
+
+
+def start_monitor(config, channel: grpc.Channel) -> LinkMonitor:
+    """The monitor of an edge.config.EdgeConfig's link over `channel`: one probe now (so the
+    state is exact from the start), then probes in the background."""
+    from edge.link import call_metadata
+
+    client = config.client
+    return LinkMonitor(channel, call_metadata(config.cloud), address=config.cloud.address,
+                       tls=config.cloud.tls, pinned_digest=client.target_digest,
+                       interval_up_s=client.monitor_interval_up_s,
+                       interval_down_s=client.monitor_interval_s,
+                       timeout_s=client.deadline_floor_s).start()

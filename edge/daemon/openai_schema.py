@@ -78,6 +78,19 @@ class _Request(BaseModel):
     ignore_eos: bool = Field(False, description="do not stop at the model's end of text")
     draft_length: int | None = Field(None, ge=1, le=64, description="Tandem extension: first round's draft length")
     tandem_trace: bool = Field(False, description="Tandem extension: include the per-round trace")
+    mode: Literal["lossless", "fast"] | None = Field(
+        None, description="Tandem extension: lossless (every token verified) or fast (the edge "
+                          "emits low-entropy spans unverified; stats.verified_fraction says how "
+                          "much the target checked); None = client.mode")
+    max_unverified_run: int | None = Field(None, ge=0, le=4096, description=(
+        "Tandem extension: fast mode's longest run of unverified tokens; None = "
+        "client.max_unverified_run"))
+    offline: Literal["continue", "wait", "require_verified"] | None = Field(
+        None, description="Tandem extension: while the verifier is away, continue locally "
+                          "(unverified), wait up to offline_wait_s for it, or require_verified "
+                          "(fail instead of emitting unverified tokens); None = client.offline")
+    offline_wait_s: float | None = Field(None, ge=0, le=3600, description=(
+        "Tandem extension: the longest pause of offline 'wait'; None = client.offline_wait_s"))
 
     @model_validator(mode="before")
     @classmethod

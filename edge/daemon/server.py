@@ -22,6 +22,7 @@ from edge.daemon.app import create_app
 from edge.daemon.engine import Engine
 from edge.daemon.metrics import DaemonMetrics
 from edge.link import call_metadata, make_channel
+from edge.link_monitor import start_monitor
 from edge.runtime import load_draft_runtime
 from edge.tokenizer import EdgeTokenizer
 from tandem.config import ConfigError
@@ -33,18 +34,27 @@ def load_engine(config: EdgeConfig, registry: CollectorRegistry | None = None) -
     """Load pool_size draft runtimes, the tokenizer and the channel named by `config`."""
     tokenizer = EdgeTokenizer(config.draft.resolved_tokenizer_dir)
     runtimes = []
+    ladders: list[dict] = []  # per pool slot, the ladder's other local models, all kept loaded
     try:
         for _ in range(config.daemon.pool_size):
             runtimes.append(load_draft_runtime(config.draft))
+            ladders.append({})
+            for model in config.ladder:
+                ladders[-1][model.name] = runtime = load_draft_runtime(model)
+                if runtime.fingerprint() != runtimes[-1].fingerprint():
+                    raise ConfigError(f"ladder model {model.name!r} reads token ids differently "
+                                      "from the draft (tokenizer fingerprints differ)")
     except BaseException:
-        for runtime in runtimes:
+        for runtime in runtimes + [rt for ladder in ladders for rt in ladder.values()]:
             runtime.close()
         raise
-    return Engine(config=config.daemon, client_config=config.client, channel=make_channel(config.cloud),
-                  runtimes=runtimes, tokenizer=tokenizer,
+    channel = make_channel(config.cloud)
+    return Engine(config=config.daemon, client_config=config.client, channel=channel,
+                  runtimes=runtimes, tokenizer=tokenizer, monitor=start_monitor(config, channel),
                   metrics=DaemonMetrics(registry if registry is not None else CollectorRegistry(),
                                         model=config.daemon.model_name),
-                  context_limit=config.draft.n_ctx, metadata=call_metadata(config.cloud))
+                  context_limit=min(m.n_ctx for m in config.local_models().values()),
+                  metadata=call_metadata(config.cloud), ladders=ladders)
 
 
 class _Server(uvicorn.Server):
