@@ -28,13 +28,13 @@ def add_serve_command(commands, add_config_options: Callable[[argparse.ArgumentP
 
 
 def run_serve(args: argparse.Namespace, load_edge_config: Callable[[argparse.Namespace], object]) -> int:
-    from edge.daemon.server import serve
-    from edge.runtime.errors import MissingBackend
-
     try:
         config = load_edge_config(args)  # --host, --port and --log-level included
     except (ConfigError, OSError, ValueError) as exc:
         return fail("tandem-edge", exc)
+    # Loaded after the config, so a config mistake is reported without loading torch.
+    from edge.daemon.server import serve
+    from edge.runtime.errors import MissingBackend
     level = "DEBUG" if config.daemon.log_level == "trace" else config.daemon.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
