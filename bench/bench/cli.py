@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 from tandem.config import load_config, merge, parse_set_options, resolve_path
@@ -25,6 +27,9 @@ def add_parser(sub) -> None:
     bench.add_argument("--plots", type=Path, default=None, help=f"PNG directory (default {DEFAULT_OUT})")
     bench.add_argument("--markdown", type=Path, default=None,
                        help="also write the table and the goals as Markdown (for bench/README.md)")
+    bench.add_argument("--generations", type=Path, default=None, metavar="PATH.jsonl",
+                       help="append every generation's numbers here as it finishes (a long run "
+                            "that is stopped keeps what it measured)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                        help="override any bench config key (repeatable; VALUE is read as YAML)")
@@ -47,10 +52,24 @@ def run(args: argparse.Namespace) -> int:
     from bench.bench.results import format_goals, format_table
     from bench.bench.runner import run_bench  # loads torch / grpc only when benchmarking
 
-    result = run_bench(config, channels, devices,
-                       json_path=args.json if args.json is not None else DEFAULT_OUT / "bench.json",
-                       plots_dir=args.plots if args.plots is not None else DEFAULT_OUT,
-                       progress=not args.no_progress)
+    log_file = None
+    if args.generations is not None:
+        args.generations.parent.mkdir(parents=True, exist_ok=True)
+        log_file = args.generations.open("a")
+
+    def on_generation(g) -> None:
+        if log_file is not None:
+            log_file.write(json.dumps({k: v for k, v in asdict(g).items() if k != "rounds_log"}) + "\n")
+            log_file.flush()
+
+    try:
+        result = run_bench(config, channels, devices,
+                           json_path=args.json if args.json is not None else DEFAULT_OUT / "bench.json",
+                           plots_dir=args.plots if args.plots is not None else DEFAULT_OUT,
+                           progress=not args.no_progress, on_generation=on_generation)
+    finally:
+        if log_file is not None:
+            log_file.close()
     print(format_table(result.rows))
     print("\ngoals (measured in this run):")
     print(format_goals(result.goals))
