@@ -177,4 +177,6 @@ def start_monitor(config, channel: grpc.Channel) -> LinkMonitor:
                        tls=config.cloud.tls, pinned_digest=client.target_digest,
                        interval_up_s=client.monitor_interval_up_s,
                        interval_down_s=client.monitor_interval_s,
-                       timeout_s=client.deadline_floor_s).start()
+                       # Short: a generation that timed out waits on one probe before
+                       # deciding between retrying and going local.
+                       timeout_s=client.deadline_floor_s / 2).start()

@@ -63,8 +63,8 @@ class RttEstimator:
         self.settings = settings
         self.srtt: float | None = None
         self.rttvar = 0.0
-        self.server_s_per_token: float | None = None  # forward + verify per block token
-        self.server_base_s: float | None = None       # queue + a 0-token forward
+        self.server_s_per_token: float | None = None  # queue + forward + verify per position
+        self.server_var_per_token = 0.0               # its mean deviation (batching, queueing)
 
     def observe(self, rtt_s: float, k: int, server_s: float | None = None) -> None:
         """A round of k drafted tokens took rtt_s end to end; the verifier said server_s of
@@ -81,8 +81,13 @@ class RttEstimator:
             self.srtt = (1 - self.ALPHA) * self.srtt + self.ALPHA * net
         if server_s is not None:
             per_token = server_s / (k + 1)
-            self.server_s_per_token = per_token if self.server_s_per_token is None else \
-                0.8 * self.server_s_per_token + 0.2 * per_token
+            if self.server_s_per_token is None:
+                self.server_s_per_token, self.server_var_per_token = per_token, per_token / 2
+            else:
+                self.server_var_per_token = ((1 - self.BETA) * self.server_var_per_token
+                                             + self.BETA * abs(self.server_s_per_token - per_token))
+                self.server_s_per_token = ((1 - self.ALPHA) * self.server_s_per_token
+                                           + self.ALPHA * per_token)
 
     @property
     def rto_s(self) -> float | None:
@@ -94,7 +99,9 @@ class RttEstimator:
         s = self.settings
         if self.srtt is None:
             return s.deadline_ceiling_s
-        server = (self.server_s_per_token or 0.0) * (k + 1)
+        # The server's time varies with batching and queueing: its variation counts like the
+        # link's (RTO = mean + 4 deviations).
+        server = ((self.server_s_per_token or 0.0) + 4 * self.server_var_per_token) * (k + 1)
         deadline = s.deadline_margin * (self.rto_s + server)
         return min(max(deadline, s.deadline_floor_s), s.deadline_ceiling_s)
 
@@ -242,13 +249,19 @@ class OfflineControl:
 
     def failure(self, error: Exception) -> None:
         """A round or an Open failed: open the breaker (honouring an overloaded verifier's
-        retry hint) and tell the monitor, which probes again at once."""
+        retry hint). With a monitor, an outage is checked at once with one Info probe (its
+        timeout is short): a verifier that is alive but slow (a busy batch) answers it, and the
+        round is retried instead of going local; a stalled or dead one does not."""
         retry_after = getattr(error, "retry_after_s", None)
         overloaded = type(error).__name__ == "VerifierOverloaded"
         self.breaker.failure(str(error), retry_after)
-        if self.monitor is not None:
-            self.monitor.report("overloaded" if overloaded else "down", str(error))
+        if self.monitor is None:
+            return
+        if overloaded:
+            self.monitor.report("overloaded", str(error))
             self._up.clear()
+        else:
+            self.monitor.probe()
 
     # --- decisions ----------------------------------------------------------------------------
     def misconfiguration(self) -> str | None:
