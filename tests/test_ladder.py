@@ -164,3 +164,34 @@ def test_a_lossless_session_refuses_unverified_tokens(verifier, prompt_ids, ladd
                 link.await_verdict(sent, 30.0)
             assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
         link.close()
+
+
+def test_daemon_keeps_the_ladder_loaded_and_reports_the_verified_share(
+        verifier, gguf_path, draft_dir, small_dir, heldout_prompts):
+    """`ladder:` in the edge config: the daemon loads every rung; a request's `mode` and
+    `max_unverified_run` reach the loop; the response's stats and /metrics give the verified
+    share; a lossless request on the same pooled client stays fully verified."""
+    import httpx
+
+    from edge.config import CloudLinkConfig, DaemonConfig, EdgeConfig, LadderModelConfig
+    from edge.daemon.server import DaemonThread, load_engine
+
+    config = EdgeConfig(
+        cloud=CloudLinkConfig(address=f"127.0.0.1:{verifier}"),
+        draft=DraftConfig(model_path=gguf_path, tokenizer_dir=draft_dir, n_ctx=512, threads=1),
+        ladder=[LadderModelConfig(name="small", model_path=small_dir / "tandem-small-f32.gguf",
+                                  n_ctx=512, threads=1)],
+        client=ClientConfig(policy="entropy", draft_length=4, entropy=EntropySwitchConfig(
+            enter_hard=20.0, exit_hard=20.0, start_state="easy", fast_min_confidence=0.0)),
+        daemon=DaemonConfig(port=0, pool_size=1, max_tokens_limit=64, max_prompt_tokens=400))
+    body = {"model": "tandem-draft", "prompt": heldout_prompts[0][-300:], "max_tokens": 24,
+            "temperature": 0, "ignore_eos": True}
+    with DaemonThread(load_engine(config)) as daemon:
+        assert set(daemon.engine._clients[0].cursors) == {DEFAULT_DRAFTER, "small"}
+        fast = httpx.post(f"{daemon.url}/v1/completions", timeout=120,
+                          json={**body, "mode": "fast", "max_unverified_run": 4}).json()["tandem"]
+        lossless = httpx.post(f"{daemon.url}/v1/completions", timeout=120, json=body).json()["tandem"]
+        metrics = httpx.get(f"{daemon.url}/metrics").text
+    assert 0 < fast["verified_fraction"] < 1 and fast["unverified_tokens"] > 0
+    assert lossless["verified_fraction"] == 1.0
+    assert 'verified="false"' in metrics
