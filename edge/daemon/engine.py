@@ -40,6 +40,7 @@ from edge.daemon.metrics import DaemonMetrics
 from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, CompletionRequest,
                                        ModelCard, ModelList, RoundTrace, TandemStats)
 from edge.daemon.stop import StopMatcher
+from edge.link_monitor import LinkMonitor
 from edge.runtime.base import DraftRuntime
 from edge.tokenizer import EdgeTokenizer
 from tandem import metrics
@@ -67,6 +68,8 @@ class GenerationJob:
     mode: str | None = None           # lossless | fast; None = the client config's
     max_unverified_run: int | None = None
     ignore_eos: bool = False          # do not stop at the tokenizer's end of text
+    offline: str | None = None        # continue | wait | require_verified; None = client's
+    offline_wait_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class Engine:
     def __init__(self, *, config: DaemonConfig, client_config: ClientConfig, channel: grpc.Channel,
                  runtimes: Sequence[DraftRuntime], tokenizer: EdgeTokenizer, metrics: DaemonMetrics,
                  context_limit: int, metadata: Sequence[tuple[str, str]] = (),
+                 monitor: LinkMonitor | None = None,
                  ladders: Sequence[Mapping[str, DraftRuntime]] = ()) -> None:
         """`runtimes`: config.pool_size loaded DraftRuntimes (the engine closes them);
         `context_limit`: most tokens prompt + output may hold (the draft's n_ctx)."""
@@ -108,10 +112,14 @@ class Engine:
         self._raw_channel = channel
         # One client per runtime: a client's draft cursor knows what its runtime's KV cache
         # holds, so a pooled client also reuses a shared prompt prefix across requests.
+        # The link monitor (edge/link_monitor.py) probes the verifier at start and in the
+        # background; /healthz and the link-state metric read it, and the clients' offline
+        # policies wake on it.
+        self.monitor = monitor
         # `ladders`: per pool slot, the ladder's other local models by name (edge.config
         # EdgeConfig.ladder); each client drafts with whichever rung its policy picks.
         self._clients = [EdgeClient(channel, runtime, client_config, metadata=metadata,
-                                    drafters=ladders[i] if ladders else None)
+                                    monitor=monitor, drafters=ladders[i] if ladders else None)
                          for i, runtime in enumerate(runtimes)]
         self._idle: list[EdgeClient] = list(self._clients)
         self._lock = threading.Lock()
@@ -122,6 +130,10 @@ class Engine:
         self.peak_inflight = 0
         self.waiting = 0
         self.link_state = "up"
+        self.link_detail = ""
+        if monitor is not None:
+            monitor.add_listener(self._on_link_status)
+            self._on_link_status(monitor.status)
         self.created = int(time.time())
         self._closed = False
 
@@ -192,7 +204,8 @@ class Engine:
         return GenerationJob(prompt_ids=tuple(ids), max_tokens=max_tokens, sampling=sampling,
                              stop_strings=tuple(req.stop_strings), draft_length=req.draft_length,
                              trace=req.tandem_trace, mode=req.mode,
-                             max_unverified_run=req.max_unverified_run, ignore_eos=req.ignore_eos)
+                             max_unverified_run=req.max_unverified_run, ignore_eos=req.ignore_eos,
+                             offline=req.offline, offline_wait_s=req.offline_wait_s)
 
     # ---- running ------------------------------------------------------------------------
 
@@ -293,7 +306,8 @@ class Engine:
         request = GenerationRequest(prompt_ids=list(job.prompt_ids), max_tokens=job.max_tokens,
                                     sampling=job.sampling, draft_length=job.draft_length,
                                     mode=job.mode, max_unverified_run=job.max_unverified_run,
-                                    stop_ids=stop_ids)
+                                    stop_ids=stop_ids, offline=job.offline,
+                                    offline_wait_s=job.offline_wait_s)
         rounds: list[RoundRecord] = []  # as they happen, for the link state
         try:
             result = client.generate(request, on_tokens, on_round=rounds.append, stop_event=halt)
@@ -318,10 +332,24 @@ class Engine:
                                 finish_reason=finish, prompt_tokens=len(job.prompt_ids),
                                 completion_tokens=len(emitted.token_ids), stats=stats)
 
+    def _on_link_status(self, status) -> None:
+        """The monitor probed: its state is the link state (exact, not learnt from requests)."""
+        self.link_detail = status.detail
+        self._set_link_state(status.state, status.detail)
+
+    def _set_link_state(self, state: str, detail: str = "") -> None:
+        if state != self.link_state:
+            log.warning("verifier link %s -> %s%s", self.link_state, state,
+                        f": {detail}" if detail else "")
+            self.link_state = state
+            self.metrics.set_link_state(state)
+
     def _note_link(self, verified: bool, rounds: Sequence[RoundRecord]) -> None:
         """Link state for /metrics and /healthz: down while tokens come unverified (the client
         decodes locally), degraded when verification goes on but needed a re-open (a round
-        re-sent, or local rounds before), else up."""
+        re-sent, or local rounds before), else up. With a monitor, its probed state wins."""
+        if self.monitor is not None:
+            return
         state = "down" if not verified else (
             "degraded" if any(r.attempts > 1 or r.mode == "local" for r in rounds) else "up")
         if state != self.link_state:
@@ -344,10 +372,16 @@ class Engine:
 
     def health(self) -> dict:
         with self._lock:
-            return {"status": "ok", "model": self.config.model_name, "draft_backend": self.backend,
+            # Misconfigured (TLS, key, identity): every request would be refused, so not ok.
+            status = "misconfigured" if self.link_state == "misconfigured" else "ok"
+            body = {"status": status, "model": self.config.model_name,
+                    "draft_backend": self.backend,
                     "pool_size": self.config.pool_size, "inflight": self.inflight,
                     "waiting": self.waiting, "peak_inflight": self.peak_inflight,
                     "link_state": self.link_state}
+        if self.monitor is not None:
+            body.update(self.monitor.status.as_dict())
+        return body
 
     def close(self) -> None:
         """Stop taking requests, halt running generations at their next commit, wait for the
@@ -361,6 +395,8 @@ class Engine:
         for client in self._clients:
             for cursor in client.cursors.values():  # the draft and the ladder's other rungs
                 cursor.runtime.close()
+        if self.monitor is not None:
+            self.monitor.stop()
         self._raw_channel.close()
 
 

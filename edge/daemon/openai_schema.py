@@ -85,6 +85,12 @@ class _Request(BaseModel):
     max_unverified_run: int | None = Field(None, ge=0, le=4096, description=(
         "Tandem extension: fast mode's longest run of unverified tokens; None = "
         "client.max_unverified_run"))
+    offline: Literal["continue", "wait", "require_verified"] | None = Field(
+        None, description="Tandem extension: while the verifier is away, continue locally "
+                          "(unverified), wait up to offline_wait_s for it, or require_verified "
+                          "(fail instead of emitting unverified tokens); None = client.offline")
+    offline_wait_s: float | None = Field(None, ge=0, le=3600, description=(
+        "Tandem extension: the longest pause of offline 'wait'; None = client.offline_wait_s"))
 
     @model_validator(mode="before")
     @classmethod

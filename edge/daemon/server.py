@@ -22,6 +22,7 @@ from edge.daemon.app import create_app
 from edge.daemon.engine import Engine
 from edge.daemon.metrics import DaemonMetrics
 from edge.link import call_metadata, make_channel
+from edge.link_monitor import start_monitor
 from edge.runtime import load_draft_runtime
 from edge.tokenizer import EdgeTokenizer
 from tandem.config import ConfigError
@@ -47,8 +48,9 @@ def load_engine(config: EdgeConfig, registry: CollectorRegistry | None = None) -
         for runtime in runtimes + [rt for ladder in ladders for rt in ladder.values()]:
             runtime.close()
         raise
-    return Engine(config=config.daemon, client_config=config.client, channel=make_channel(config.cloud),
-                  runtimes=runtimes, tokenizer=tokenizer,
+    channel = make_channel(config.cloud)
+    return Engine(config=config.daemon, client_config=config.client, channel=channel,
+                  runtimes=runtimes, tokenizer=tokenizer, monitor=start_monitor(config, channel),
                   metrics=DaemonMetrics(registry if registry is not None else CollectorRegistry(),
                                         model=config.daemon.model_name),
                   context_limit=min(m.n_ctx for m in config.local_models().values()),
