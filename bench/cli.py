@@ -87,6 +87,11 @@ def _load(args: argparse.Namespace) -> int:
     return 1 if report.errors else 0
 
 
+def _ladder(args: argparse.Namespace) -> int:
+    from bench.ladder import main as ladder_main  # loads torch / grpc only when benchmarking
+    return ladder_main(args.options)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -144,11 +149,19 @@ def build_parser() -> argparse.ArgumentParser:
     many.set_defaults(run=_load)
 
     add_bench_parser(sub)
+    ladder = sub.add_parser("ladder", help="the edge model ladder and fast mode: switching vs each "
+                                           "local model alone, fast-mode curve (bench/ladder.py; "
+                                           "`tandem ladder -h` for its options)", add_help=False)
+    ladder.add_argument("options", nargs=argparse.REMAINDER)
+    ladder.set_defaults(run=_ladder)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["ladder"]:  # its own parser (bench/ladder.py), options and -h included
+        return _ladder(argparse.Namespace(options=argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
