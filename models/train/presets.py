@@ -40,10 +40,11 @@ PRESETS = {
                           num_kv_heads=4, intermediate_size=688),
     "draft": ModelPreset("tandem-draft", hidden_size=128, num_layers=4, num_heads=4,
                          num_kv_heads=4, intermediate_size=320),
-    # The middle rung of the edge ladder: about half the target's size, drafted with where the
-    # text is hard (edge/control/entropy.py), distilled from the target like the draft.
-    "small": ModelPreset("tandem-small", hidden_size=192, num_layers=6, num_heads=6,
-                         num_kv_heads=3, intermediate_size=512),
+    # The middle rung of the edge ladder (edge/control/entropy.py drafts with it where the text
+    # is hard): the target's width with 3 of its 8 layers, so it starts from the target's own
+    # weights (train.py --init-from / --init-layers) and is then distilled like the draft.
+    "small": ModelPreset("tandem-small", hidden_size=256, num_layers=3, num_heads=8,
+                         num_kv_heads=4, intermediate_size=688),
 }
 
 # Roles distilled from the target (everything but the target itself).

@@ -73,6 +73,26 @@ def distill_loss(student_logits, teacher_logits, targets, ce_weight: float) -> t
     return kl + ce_weight * ce
 
 
+def init_from_layers(model, source_dir: Path, layers: list[int]) -> None:
+    """Start `model` from another model of the same width: every non-layer weight as it is, and
+    layer i from the source's layer layers[i] (a layer-dropped copy of the teacher starts far
+    closer to it than random weights; DistilBERT's initialisation)."""
+    source = AutoModelForCausalLM.from_pretrained(str(source_dir), dtype=torch.float32).state_dict()
+    if len(layers) != model.config.num_hidden_layers:
+        raise ValueError(f"--init-layers names {len(layers)} layers, the model has "
+                         f"{model.config.num_hidden_layers}")
+    state = {}
+    for name in model.state_dict():
+        if name.startswith("model.layers."):
+            i = int(name.split(".")[2])
+            name_in_source = name.replace(f"model.layers.{i}.", f"model.layers.{layers[i]}.", 1)
+        else:
+            name_in_source = name
+        state[name] = source[name_in_source]
+    model.load_state_dict(state)
+    log.info("initialised from %s, layers %s", source_dir, layers)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--role", choices=sorted(PRESETS), required=True)
@@ -90,6 +110,11 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init-from", type=Path, help="HF directory whose weights start the run "
+                        "(same width): embeddings, final norm and the layers --init-layers names")
+    parser.add_argument("--init-layers", type=lambda v: [int(i) for i in v.split(",")],
+                        help="for each layer of the new model, the --init-from layer it copies, "
+                             "e.g. 0,3,7 (first, middle, last: a layer-dropped teacher)")
     parser.add_argument("--save-dtype", choices=("float32", "float16"), default="float32",
                         help="dtype of the saved HF weights (float16 halves the file; every "
                              "loader and exporter upcasts to float32, exactly)")
@@ -115,6 +140,8 @@ def main() -> None:
         if args.teacher is None:
             parser.error(f"--teacher is required for the {args.role} (it is distilled from the target)")
         teacher = AutoModelForCausalLM.from_pretrained(str(args.teacher), dtype=torch.float32).eval()
+    if args.init_from is not None:
+        init_from_layers(model, args.init_from, args.init_layers or list(range(preset.num_layers)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
 
     ckpt_path = args.cache / f"ckpt-{args.role}.pt"
