@@ -114,10 +114,12 @@ def _batch_stats(engine: Engine) -> pb.BatchStats:
 
 
 def _abort(context, exc: CloudError) -> None:
-    """End the call with the error's status; an overload also says when to retry."""
-    if isinstance(exc, Overloaded):
+    """End the call with the error's status; an overload also says when to retry (the
+    session table's "all busy" has no better hint than about one round: 0.5 s)."""
+    if exc.code == "RESOURCE_EXHAUSTED":
+        retry_after_s = exc.retry_after_s if isinstance(exc, Overloaded) else 0.5
         context.set_trailing_metadata(
-            ((RETRY_AFTER_HEADER, str(max(int(exc.retry_after_s * 1000), 1))),))
+            ((RETRY_AFTER_HEADER, str(max(int(retry_after_s * 1000), 1))),))
     context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
 
 

@@ -119,6 +119,13 @@ class VerifierLink:
         self.pinned_digest = pinned_digest
         self.seen_digest: str | None = None
         self.open_rtt_s: float | None = None
+        # Set by the loop to the offline policy's `lost`: the link monitor's probes stopped
+        # being answered, so a wait for Opened or a verdict ends now, not at its deadline.
+        self.lost: Callable[[], bool] = lambda: False
+        # At a deadline, `alive()` (one short probe) decides between waiting on, up to
+        # patience_s since the wait began, and counting the link as broken.
+        self.alive: Callable[[], bool] = lambda: False
+        self.patience_s = 0.0
         self.prefill_s = 0.0
         # Context length the verifier holds (set by Opened and each verdict): in fast mode the
         # edge's context runs ahead of it by the tokens it emitted unverified since.
@@ -256,16 +263,25 @@ class VerifierLink:
         return generated, reply.ByteSize()
 
     def _recv(self, stream: SessionStream, timeout_s: float) -> pb.ServerMessage:
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
         while True:
             left = deadline - time.monotonic()
             if self.should_stop():
                 raise Stopped()
+            if self.lost():
+                stream.abandon()
+                raise LinkDown("the link monitor lost the verifier (no answer to its probes)")
             try:
                 reply = stream.recv(max(min(left, STOP_POLL_S), 0.0), cancel_on_timeout=False)
                 break
             except RecvTimeout:
                 if left <= STOP_POLL_S:
+                    # A verifier that still answers a probe is busy, not gone: wait on (up
+                    # to `patience_s` in all) rather than drop a round it is working on.
+                    if time.monotonic() - started < self.patience_s and self.alive():
+                        deadline = min(time.monotonic() + timeout_s, started + self.patience_s)
+                        continue
                     stream.abandon()
                     raise LinkDown(f"no answer from the verifier within {timeout_s:.3g} s") \
                         from None

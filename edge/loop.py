@@ -95,6 +95,8 @@ class Generation:
         # Deadlines from the measured link, the circuit breaker, the monitor and the request's
         # offline mode (edge/control/offline.py).
         self.offline_ctl = offline if offline is not None else OfflineControl(config)
+        link.lost = self.offline_ctl.lost
+        link.alive, link.patience_s = self.offline_ctl.alive, config.round_timeout_s
         self.draft = draft
         self.cursor = cursor
         # The local models by ladder name (`cursor` is the default one, "draft").

@@ -232,7 +232,23 @@ class OfflineControl:
         return self.rtt.round_deadline(k)
 
     def open_deadline(self, context_tokens: int) -> float:
+        """With a monitor that sees the verifier up, an Open may take as long as the server's
+        queue of prefills needs (open_timeout_s): a stall is caught by `lost` instead, and a
+        short deadline under load would only re-queue the same prefill (a retry storm)."""
+        if self.monitor is not None and self.monitor.state == "up":
+            return self.open_ceiling_s
         return min(self.rtt.open_deadline(context_tokens), self.open_ceiling_s)
+
+    def alive(self) -> bool:
+        """A wait passed its deadline: does the verifier still answer a probe right now?"""
+        return self.monitor is not None and self.monitor.probe().state == "up"
+
+    def lost(self) -> bool:
+        """The monitor's last two probes went unanswered: the verifier is gone or stalled."""
+        if self.monitor is None:
+            return False
+        status = self.monitor.status
+        return status.state == "down" and status.failed_probes >= 2
 
     # --- outcomes -----------------------------------------------------------------------------
     def verdict(self, rtt_s: float, k: int, server_s: float | None) -> None:
@@ -260,8 +276,8 @@ class OfflineControl:
         if overloaded:
             self.monitor.report("overloaded", str(error))
             self._up.clear()
-        else:
-            self.monitor.probe()
+        elif time.monotonic() - self.monitor.status.checked_s > self.monitor.timeout_s + 0.2:
+            self.monitor.probe()  # (not when a probe just ran: alive() at the deadline)
 
     # --- decisions ----------------------------------------------------------------------------
     def misconfiguration(self) -> str | None:
