@@ -183,29 +183,49 @@ def test_fuzzed_bytes_get_clear_statuses_and_leave_other_sessions_alone(runtime,
 
         fuzz()
         assert server.engine.table.active == 1  # only the bystander is left
+    print("fuzzed streams by final status:", {code.name: n for code, n in codes.items()})
     assert grpc.StatusCode.INVALID_ARGUMENT in codes
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 # --- property: the message handling itself -----------------------------------------------------
 def _messages(vocab: int, fingerprint: str):
+    """Mostly well-formed messages (so sessions open and rounds run), each field sometimes
+    hostile: out-of-range ids, NaN/inf/negative numbers, 2^32 - 1, oversized lists."""
     big = st.integers(0, 2**32 - 1)
-    token = st.one_of(st.integers(0, vocab - 1), st.sampled_from([vocab, 2**32 - 1]))
-    number = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32),
-                       st.sampled_from([0.0, 1.0, -1.0]))
+    good_token = st.integers(0, vocab - 1)
+    ids = st.one_of(st.lists(good_token, max_size=80), st.lists(good_token, max_size=80),
+                    st.lists(st.one_of(good_token, st.sampled_from([vocab, 2**32 - 1])),
+                             max_size=80))
+    number = st.one_of(st.just(0.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0),
+                       st.floats(allow_nan=True, allow_infinity=True, width=32),
+                       st.sampled_from([-1.0, 1.5]))
     sampling = st.builds(pb.SamplingParams, temperature=number, top_k=st.one_of(
-        st.integers(0, 64), big), top_p=number, seed=st.integers(0, 2**64 - 1))
-    open_ = st.builds(pb.Open, session_id=st.text(max_size=8), model=st.sampled_from(["", "x"]),
-                      tokenizer_fingerprint=st.sampled_from([fingerprint, fingerprint, "sha256:0"]),
-                      context_ids=st.lists(token, max_size=80), sampling=sampling,
-                      mode=st.integers(0, 3))
-    dist = st.builds(pb.SparseDistribution, ids=st.lists(token, max_size=20),
-                     weights=st.lists(big, max_size=20))
-    draft = st.builds(pb.Draft, round=st.one_of(st.integers(0, 4), big),
-                      start=st.one_of(st.integers(0, 70), big),
-                      tokens=st.lists(token, max_size=10), q=st.lists(dist, max_size=10))
+        st.integers(0, 64), st.integers(0, 64), big), top_p=number,
+        seed=st.integers(0, 2**64 - 1))
+    hostile_open = st.builds(pb.Open, session_id=st.text(max_size=8),
+                             model=st.sampled_from(["", "", "x"]),
+                             tokenizer_fingerprint=st.sampled_from([fingerprint] * 4 + ["s:0"]),
+                             context_ids=ids, sampling=sampling,
+                             mode=st.sampled_from([0, 1, 1, 2, 3]))
+    valid_sampling = st.builds(pb.SamplingParams, temperature=st.sampled_from([0.0, 0.0, 0.8]),
+                               top_k=st.integers(0, 64), top_p=st.floats(0.0, 1.0),
+                               seed=st.integers(0, 2**64 - 1))
+    valid_open = st.builds(pb.Open, session_id=st.text(max_size=8), tokenizer_fingerprint=st.just(
+        fingerprint), context_ids=st.lists(good_token, min_size=1, max_size=40),
+        sampling=valid_sampling, mode=st.just(1))
+    open_ = st.one_of(valid_open, valid_open, hostile_open)
+    dist = st.builds(pb.SparseDistribution, ids=st.lists(good_token, max_size=20),
+                     weights=st.lists(st.one_of(st.integers(1, 1000), big), max_size=20))
+    # round / start 0 are replaced by the session's next round and context length (below),
+    # so most blocks reach the verification; other values test the checks.
+    draft = st.builds(pb.Draft, round=st.one_of(st.just(0), st.just(0), big),
+                      start=st.one_of(st.just(0), st.just(0), st.integers(1, 70), big),
+                      tokens=st.lists(good_token, max_size=10),
+                      q=st.one_of(st.just([]), st.just([]), st.lists(dist, max_size=10)))
     close = st.builds(pb.Close, reason=st.text(max_size=8))
     return st.one_of(st.builds(pb.ClientMessage, open=open_),
+                     st.builds(pb.ClientMessage, draft=draft),
                      st.builds(pb.ClientMessage, draft=draft),
                      st.builds(pb.ClientMessage, close=close), st.just(pb.ClientMessage()))
 
@@ -225,6 +245,12 @@ def test_any_message_is_answered_or_refused_with_a_cloud_error(runtime):
             stream = _Stream(engine, admission, "")
             try:
                 for message in messages:
+                    session = stream.session
+                    if message.HasField("draft") and session is not None:
+                        if message.draft.round == 0:
+                            message.draft.round = session.last_round + 1
+                        if message.draft.start == 0:
+                            message.draft.start = session.context_length
                     try:
                         reply = stream.handle(message)
                     except CloudError as exc:
@@ -238,8 +264,9 @@ def test_any_message_is_answered_or_refused_with_a_cloud_error(runtime):
         handle()
     finally:
         engine.shutdown()
+    print("handled messages by outcome:", outcomes)
     assert engine.table.active == 0 and admission.streams == 0
-    assert outcomes.get("opened") and outcomes.get("INVALID_ARGUMENT")
+    assert outcomes.get("opened") and outcomes.get("verdict") and outcomes.get("INVALID_ARGUMENT")
 
 
 # --- deadlines, slots, keys ------------------------------------------------------------------
