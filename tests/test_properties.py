@@ -29,7 +29,7 @@ from cloud.verify import sample_inverse_cdf, verify_greedy, verify_sampled_with_
 from tandem.codec import InvalidDistribution, SparseDist, from_proto, quantize, to_proto
 from tandem.v1 import decoding_pb2 as pb
 
-PROFILE = settings(max_examples=300, deadline=None, derandomize=True,
+PROFILE = settings(max_examples=200, deadline=None, derandomize=True,
                    suppress_health_check=[HealthCheck.too_slow])
 
 probabilities = st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=1, max_size=64).filter(

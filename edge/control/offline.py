@@ -229,6 +229,11 @@ class OfflineControl:
 
     # --- deadlines ----------------------------------------------------------------------------
     def round_deadline(self, k: int) -> float:
+        """RTT-derived with a monitor (which tells a busy verifier from a stalled one when the
+        deadline passes); without one, the fixed round_timeout_s: a short deadline could not
+        tell them apart and would drop rounds a busy verifier is still working on."""
+        if self.monitor is None:
+            return self.settings.deadline_ceiling_s
         return self.rtt.round_deadline(k)
 
     def open_deadline(self, context_tokens: int) -> float:
