@@ -469,3 +469,28 @@ def test_sigkill_restart_waits_verified_then_a_different_target_is_refused(
     finally:
         monitor.stop()
         draft.close()
+
+
+def test_link_monitor_states_name_their_cause(target_runtime):
+    """The monitor's probe (Info) tells up, down, misconfigured (key, pinned identity) apart."""
+    server, port = start_verifier(target_runtime, api_keys=("k",))
+    address = f"127.0.0.1:{port}"
+    digest = cloud_info(address, metadata=(("x-api-key", "k"),)).target.digest
+    cases = [((("x-api-key", "k"),), "", "up", ""),
+             ((("x-api-key", "bad"),), "", "misconfigured", "API key not accepted"),
+             ((), "", "misconfigured", "API key missing"),
+             ((("x-api-key", "k"),), "sha256:" + "0" * 64, "misconfigured", "pins sha256:000")]
+    try:
+        for metadata, pin, state, cause in cases:
+            channel = make_channel(CloudLinkConfig(), address)
+            status = LinkMonitor(channel, metadata, pinned_digest=pin).probe()
+            channel.close()
+            assert (status.state, cause in status.detail) == (state, True), status
+            if state == "up":
+                assert digest[:19] in status.target
+    finally:
+        server.stop(0).wait()
+    channel = make_channel(CloudLinkConfig(), address)
+    status = LinkMonitor(channel, timeout_s=0.5).probe()
+    channel.close()
+    assert status.state == "down" and "unreachable" in status.detail
