@@ -133,6 +133,7 @@ def _generate(args: argparse.Namespace) -> int:
         return fail("tandem-edge", exc)
     # Imported here so that `--help` and config errors do not pay for loading torch.
     from edge.client import ClientError, EdgeClient, GenerationRequest
+    from edge.link_monitor import start_monitor
     from edge.link import call_metadata, make_channel
     from edge.runtime import load_draft_runtime
     from edge.runtime.errors import MissingBackend
@@ -154,8 +155,13 @@ def _generate(args: argparse.Namespace) -> int:
         print("tandem-edge: the prompt is empty", file=sys.stderr)
         return 2
     channel = make_channel(config.cloud)
+    monitor = None
     try:
-        client = EdgeClient(channel, draft, config.client, metadata=call_metadata(config.cloud))
+        # Probed once before the generation: a misconfigured link (TLS, key, identity) fails
+        # here with its cause instead of generating unverified (exit 1).
+        monitor = start_monitor(config, channel, draft.fingerprint())
+        client = EdgeClient(channel, draft, config.client, metadata=call_metadata(config.cloud),
+                            monitor=monitor)
         result = client.generate(GenerationRequest(
             prompt_ids=prompt_ids, max_tokens=args.max_tokens, sampling=sampling,
             stop_ids=frozenset() if args.ignore_eos else tokenizer.stop_ids))
@@ -163,6 +169,8 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"tandem-edge: {exc}", file=sys.stderr)
         return 1
     finally:
+        if monitor is not None:
+            monitor.stop()
         channel.close()
         draft.close()
 

@@ -62,12 +62,17 @@ class LinkMonitor:
 
     def __init__(self, channel: grpc.Channel, metadata: Sequence[tuple[str, str]] = (), *,
                  address: str = "", tls: bool = True, pinned_digest: str = "",
+                 fingerprint: str = "", model: str = "",
                  interval_up_s: float = 2.0, interval_down_s: float = 0.25,
                  timeout_s: float = 1.0) -> None:
         """address / tls: the link's, so a TLS mismatch can be named (link_errors.probe_tls)."""
         self.stub = pb_grpc.DecodingStub(channel)
         self.address = address
         self.tls = tls
+        # What the edge will ask for: its draft's tokenizer fingerprint and client.target_model
+        # (empty = not checked). A verifier that serves otherwise refuses every Open.
+        self.fingerprint = fingerprint
+        self.model = model
         self.metadata = tuple(metadata)
         self.pinned_digest = pinned_digest
         self.interval_up_s = interval_up_s
@@ -144,6 +149,14 @@ class LinkMonitor:
             check_identity(target, self.pinned_digest, None)
         except IdentityMismatch as mismatch:
             return self._set(MISCONFIGURED, str(mismatch), checked=started, rtt=rtt)
+        if self.fingerprint and reply.tokenizer_fingerprint != self.fingerprint:
+            return self._set(MISCONFIGURED, f"tokenizer mismatch: the verifier's target has "
+                             f"tokenizer {reply.tokenizer_fingerprint}, this edge's draft "
+                             f"{self.fingerprint}", checked=started, rtt=rtt)
+        if self.model and reply.model != self.model:
+            return self._set(MISCONFIGURED, f"wrong model: the verifier serves {reply.model!r}, "
+                             f"client.target_model asks for {self.model!r}", checked=started,
+                             rtt=rtt)
         described = f"{target.name} ({target.digest[:19]})" if target is not None else ""
         return self._set(UP, "", checked=started, rtt=rtt, target=described)
 
@@ -171,14 +184,16 @@ class LinkMonitor:
         return status
 
 
-def start_monitor(config, channel: grpc.Channel) -> LinkMonitor:
+def start_monitor(config, channel: grpc.Channel, fingerprint: str = "") -> LinkMonitor:
     """The monitor of an edge.config.EdgeConfig's link over `channel`: one probe now (so the
-    state is exact from the start), then probes in the background."""
+    state is exact from the start), then probes in the background. fingerprint: the draft's
+    tokenizer fingerprint, checked against the target's."""
     from edge.link import call_metadata
 
     client = config.client
     return LinkMonitor(channel, call_metadata(config.cloud), address=config.cloud.address,
                        tls=config.cloud.tls, pinned_digest=client.target_digest,
+                       fingerprint=fingerprint, model=client.target_model,
                        interval_up_s=client.monitor_interval_up_s,
                        interval_down_s=client.monitor_interval_s,
                        # Short: a generation that timed out waits on one probe before

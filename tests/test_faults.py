@@ -494,3 +494,21 @@ def test_link_monitor_states_name_their_cause(target_runtime):
     status = LinkMonitor(channel, timeout_s=0.5).probe()
     channel.close()
     assert status.state == "down" and "unreachable" in status.detail
+
+
+def test_link_monitor_names_a_tokenizer_or_model_mismatch(target_runtime):
+    server, port = start_verifier(target_runtime)
+    channel = make_channel(CloudLinkConfig(), f"127.0.0.1:{port}")
+    try:
+        wrong_tokenizer = LinkMonitor(channel, fingerprint="sha256:0").probe()
+        wrong_model = LinkMonitor(channel, fingerprint=target_runtime.fingerprint,
+                                  model="gpt-9").probe()
+        right = LinkMonitor(channel, fingerprint=target_runtime.fingerprint,
+                            model=target_runtime.name).probe()
+    finally:
+        channel.close()
+        server.stop(0).wait()
+    assert wrong_tokenizer.state == "misconfigured" and "tokenizer mismatch" in \
+        wrong_tokenizer.detail
+    assert wrong_model.state == "misconfigured" and "'gpt-9'" in wrong_model.detail
+    assert right.state == "up"

@@ -50,7 +50,8 @@ def load_engine(config: EdgeConfig, registry: CollectorRegistry | None = None) -
         raise
     channel = make_channel(config.cloud)
     return Engine(config=config.daemon, client_config=config.client, channel=channel,
-                  runtimes=runtimes, tokenizer=tokenizer, monitor=start_monitor(config, channel),
+                  runtimes=runtimes, tokenizer=tokenizer,
+                  monitor=start_monitor(config, channel, runtimes[0].fingerprint()),
                   metrics=DaemonMetrics(registry if registry is not None else CollectorRegistry(),
                                         model=config.daemon.model_name),
                   context_limit=min(m.n_ctx for m in config.local_models().values()),
