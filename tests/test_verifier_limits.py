@@ -389,3 +389,19 @@ def test_many_threads_hammering_admission_keep_counts_exact():
     for thread in threads:
         thread.join(TIMEOUT)
     assert admission.streams == 0
+
+
+def test_draft_token_bucket_refills_at_its_rate():
+    now = [0.0]
+    admission = Admission(max_streams=4, draft_tokens_per_s_per_key=10.0, burst_tokens=5,
+                          clock=lambda: now[0])
+    # The bucket holds max(rate x 1 s, one block) = 10 tokens; a round costs k + 1.
+    admission.take_draft_tokens("a", 4)
+    admission.take_draft_tokens("a", 4)
+    with pytest.raises(CloudError, match="retry in 0.50 s"):
+        admission.take_draft_tokens("a", 4)
+    admission.take_draft_tokens("b", 4)      # another key has its own bucket
+    now[0] += 0.5
+    admission.take_draft_tokens("a", 4)      # refilled 5 tokens in 0.5 s
+    with pytest.raises(CloudError):
+        admission.take_draft_tokens("a", 0)
