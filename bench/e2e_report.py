@@ -112,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dev", action="store_true",
                         help="the random development models (plumbing only; numbers mean nothing)")
     parser.add_argument("--threads", type=int, default=1, help="torch and draft CPU threads")
+    parser.add_argument("--policies", nargs="+", default=[ClientConfig().policy],
+                        help="draft policies to compare (client.policy names: fixed, adaptive, "
+                             "...), each over the same prompts")
+    parser.add_argument("--draft-ahead", action="store_true", help="pipelining: draft ahead")
+    parser.add_argument("--send-ahead", type=int, default=ClientConfig().send_ahead,
+                        help="pipelining: most blocks in flight")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
 
@@ -139,20 +145,25 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"skipping {backend}: {exc}", file=sys.stderr)
                 continue
             try:
-                client = EdgeClient(channel, draft, ClientConfig(
-                    draft_length=args.draft_length, max_q_entries=args.q_entries))
-                for mode, sampling in modes.items():
-                    results = [client.generate(GenerationRequest(ids, args.max_tokens,
-                                                                 sampling=sampling(i)))
-                               for i, ids in enumerate(prompts)]
-                    rows.append(summarize(backend, mode, results))
-                    print_row(rows[-1], header=len(rows) == 1)
+                for policy in args.policies:
+                    client = EdgeClient(channel, draft, ClientConfig(
+                        draft_length=args.draft_length, max_q_entries=args.q_entries,
+                        policy=policy, draft_ahead=args.draft_ahead,
+                        send_ahead=args.send_ahead))
+                    label = backend if len(args.policies) == 1 else f"{backend}/{policy}"
+                    for mode, sampling in modes.items():
+                        results = [client.generate(GenerationRequest(ids, args.max_tokens,
+                                                                     sampling=sampling(i)))
+                                   for i, ids in enumerate(prompts)]
+                        rows.append(summarize(label, mode, results))
+                        print_row(rows[-1], header=len(rows) == 1)
             finally:
                 draft.close()
     finally:
         channel.close()
         server.stop(0).wait()
-    print(f"({len(prompts)} prompts x {args.max_tokens} tokens, k = {args.draft_length}, "
+    print(f"({len(prompts)} prompts x {args.max_tokens} tokens, k = {args.draft_length} (fixed), "
+          f"draft-ahead {args.draft_ahead}, send-ahead {args.send_ahead}, "
           f"q entries <= {args.q_entries}, "
           f"models {'dev' if args.dev else 'shipped'}, {time.monotonic() - started:.0f} s)")
     if args.json:
@@ -163,10 +174,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_row(row: Row, header: bool) -> None:
     if header:
-        print(f"{'backend':<12} {'mode':<7} {'τ':>5} {'passes/tok':>10} {'up B/drafted':>12} "
+        print(f"{'backend':<20} {'mode':<7} {'τ':>5} {'passes/tok':>10} {'up B/drafted':>12} "
               f"{'up B/tok':>8} {'down B/tok':>10} {'tok/s':>7} {'unverified':>10}")
     d = row.derived()
-    print(f"{row.backend:<12} {row.mode:<7} {d['mean_accepted_length']:5.2f} "
+    print(f"{row.backend:<20} {row.mode:<7} {d['mean_accepted_length']:5.2f} "
           f"{d['passes_per_token']:10.3f} {d['uplink_bytes_per_drafted_token']:12.1f} "
           f"{d['bytes_up_per_token']:8.1f} {d['bytes_down_per_token']:10.1f} "
           f"{d['tokens_per_s']:7.1f} {row.unverified:10d}", flush=True)

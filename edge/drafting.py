@@ -27,7 +27,8 @@ class Block:
     confidences: list[float] = field(default_factory=list)  # draft top prob per position
     entropies: list[float] = field(default_factory=list)    # draft entropy (nats) per position
     end_reason: str = "length"  # "length" | "confidence" | "stop_id" | "zero" (k = 0)
-    draft_s: float = 0.0        # time spent drafting it
+    draft_s: float = 0.0        # time spent drafting it (sync included)
+    sync_s: float = 0.0         # of which: rolling the cache to the context and feeding it
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -101,7 +102,8 @@ class DraftCursor:
         """
         t0 = time.perf_counter()
         self.sync(context)
-        block = Block(end_reason="length" if k > 0 else "zero")
+        block = Block(end_reason="length" if k > 0 else "zero",
+                      sync_s=time.perf_counter() - t0)
         for i in range(k):
             logits = self.next_logits[:vocab_size]
             confidence, entropy = confidence_entropy(logits)

@@ -268,7 +268,8 @@ class Generation:
         the verifier stays unreachable (or keeps evicting us, or keeps dropping the stream)."""
         record = RoundRecord(index=0, k_asked=k, drafted=len(block), accepted=None,
                              end_reason=block.end_reason, drafter=plan.drafter or "",
-                             draft_s=block.draft_s, confidences=block.confidences,
+                             draft_s=block.draft_s, sync_s=block.sync_s,
+                             confidences=block.confidences,
                              entropies=block.entropies, q_entries=self._q_entries(plan),
                              attempts=0, t_start_s=t_start)
         evictions = broken = 0

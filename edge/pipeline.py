@@ -147,7 +147,8 @@ class Pipeline:
                              assumed_token=assumed or 0, in_flight=in_flight)
         record = RoundRecord(index=0, k_asked=k, drafted=len(block), accepted=None,
                              end_reason=block.end_reason, drafter=plan.drafter or "",
-                             draft_s=block.draft_s, confidences=block.confidences,
+                             draft_s=block.draft_s, sync_s=block.sync_s,
+                             confidences=block.confidences,
                              entropies=block.entropies, q_entries=gen._q_entries(plan),
                              bytes_up=sent.bytes_up, send_s=sent.send_s, in_flight=in_flight,
                              t_start_s=t_start)

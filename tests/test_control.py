@@ -246,3 +246,29 @@ def test_channel_estimator_state():
     est.update(RoundRecord(index=1, k_asked=1, drafted=1, accepted=1, mode="verify",
                            rtt_s=0.02, bytes_up=20, attempts=2))
     assert est.state == "degraded" and est.losses == 1
+
+
+def test_acceptance_prior_persists_between_sessions(tmp_path):
+    path = tmp_path / "prior.json"
+    first = adaptive(prior_path=path)
+    run(first, Link(latency_s=0.030), Draft(alpha=0.3), 64, random.Random(10))  # saves at 32, 64
+    assert path.is_file()
+    second = adaptive(prior_path=path)  # a new session starts from what the first learned
+    assert second.acceptance.per_position()[0] == pytest.approx(
+        first.acceptance.per_position()[0], abs=0.05)
+    assert second.acceptance.per_position()[0] < 0.5 < adaptive().acceptance.per_position()[0]
+    path.write_text("not json")
+    assert adaptive(prior_path=path).acceptance.observations() == 0  # ignored, with a warning
+
+
+def test_a_slow_draft_means_k_zero_and_probes_find_it_fast_again():
+    """A draft that costs more than it saves gets k = 0; its speed is only measured while it
+    drafts, so the controller probes with one token every few k = 0 rounds and recovers."""
+    rng = random.Random(11)
+    policy = adaptive()
+    link = Link(latency_s=0.010)
+    run(policy, link, Draft(alpha=0.5, s_per_token=0.100), 40, rng)
+    assert policy.last_choice["k"] == 0
+    log = run(policy, link, Draft(alpha=0.9, s_per_token=0.001), 30, rng)
+    assert any(plan.k == 1 for plan, _ in log[:6])  # a probe within PROBE_AFTER_ZERO_ROUNDS + 1
+    assert policy.last_choice["k"] >= 3

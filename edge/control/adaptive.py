@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PRIOR_DRAFT_S_PER_TOKEN = 0.002   # before the first measured block
+DRAFT_SPEEDUP_ALPHA = 0.7         # EWMA weight of a draft-time sample below the estimate
+PROBE_AFTER_ZERO_ROUNDS = 4       # after this many k = 0 rounds in a row, draft one token to
+                                  # re-measure the draft (its time is only seen when it drafts)
 PRIOR_BYTES_PER_TOKEN = 3.0       # greedy: a varint id and its tag share
 DRAFT_OVERHEAD_BYTES = 8.0        # round, start, tags of an empty Draft
 UPLINK_SHARE_HIGH = 0.10          # q entries halve when the uplink takes more of a round
@@ -82,6 +85,7 @@ class AdaptivePolicy:
         self.drafted = 0            # this generation
         self.generated = 0
         self.verified_rounds = 0
+        self.zero_rounds = 0          # k = 0 rounds in a row
         self.last_choice: dict = {}  # what the last plan was based on (reports, tests)
 
     # ---- the model ------------------------------------------------------------------------
@@ -170,9 +174,11 @@ class AdaptivePolicy:
         q_entries = self.choose_q_entries(k) if view.sampling else None
         send_ahead = 1
         if self.max_send_ahead > 1 and k > 0:
-            # Worth it when a full accept is likely and the link, not the draft, is the wait.
+            # Worth it when a full accept is likely and the network, not the draft, is the
+            # wait: blocks in flight hide the link's latency, not the verifier's compute
+            # (it verifies them one after the other).
             p_full = self.expected_tokens(k) - self.expected_tokens(k - 1)
-            wait = self.channel.net_rtt(self.block_bytes(k)) + self.channel.server_s()
+            wait = self.channel.net_rtt(self.block_bytes(k))
             if p_full >= 0.5 and wait > self.t_draft() * k:
                 send_ahead = min(self.max_send_ahead, max(view.max_send_ahead, 1),
                                  1 + int(wait / max(self.t_draft() * k, 1e-6)))
@@ -182,6 +188,8 @@ class AdaptivePolicy:
         chosen = k
         if self.cfg.dither and k >= 2 and self.verified_rounds % 2:
             chosen = k - max(1, k // 4)
+        if k == 0 and view.max_k > 0 and self.zero_rounds >= PROBE_AFTER_ZERO_ROUNDS:
+            chosen = 1
         return Plan(k=chosen, min_confidence=self.min_confidence(rate), q_entries=q_entries,
                     send_ahead=send_ahead, draft_ahead=self.draft_ahead and chosen > 0)
 
@@ -189,10 +197,17 @@ class AdaptivePolicy:
         self.channel.update(record)
         self.acceptance.update(record)
         a = self.cfg.rtt_alpha
+        self.zero_rounds = self.zero_rounds + 1 if record.drafted == 0 else 0
         if record.drafted > 0 and record.draft_s > 0:
-            per_token = record.draft_s / record.drafted
+            # Per drafted token, without the cache sync (a per-round cost that does not grow
+            # with k: it feeds the tokens the last verdict committed).
+            per_token = max(record.draft_s - record.sync_s, 0.0) / record.drafted
+            # Faster down than up: the device's speed is what it can do; a slow block is most
+            # often a moment of contention, and while k = 0 only probes measure it.
+            rate = DRAFT_SPEEDUP_ALPHA if self.draft_s_per_token is not None and \
+                per_token < self.draft_s_per_token else a
             self.draft_s_per_token = per_token if self.draft_s_per_token is None else \
-                self.draft_s_per_token + a * (per_token - self.draft_s_per_token)
+                self.draft_s_per_token + rate * (per_token - self.draft_s_per_token)
         if record.mode == "verify" and record.accepted is not None:
             self.verified_rounds += 1
             if record.drafted > 0 and record.bytes_up > 0:

@@ -5,9 +5,10 @@ c seconds per byte sent (b = the Draft's serialized size; the Verdict is small a
 its transfer is part of L). c is a least-squares slope with forgetting on the differences of
 consecutive rounds (bytes vary because the controller dithers k), kept only as far as it is
 significant, so a congested uplink shows as a steeper slope, not as a longer latency, and a
-latency step or jitter does not show as a slow uplink; L = EWMA(rtt_net) - c * EWMA(b). When the block sizes seen do not vary enough to fit a
-slope, c keeps its last fit (at first the prior: a fast link). Server time (queue + forward + verify, reported
-in the verdict) is tracked on its own: rtt_net = rtt - server time.
+latency step or jitter does not show as a slow uplink; L = EWMA(rtt_net) - c * EWMA(b). When
+the block sizes seen do not vary enough to fit a slope, c keeps its last fit (at first the
+prior: a fast link). Server time (queue + forward + verify, reported in the verdict) is tracked
+on its own: rtt_net = rtt - server time.
 
 Reaction: every estimate is an EWMA with weight `alpha` per verified round, so a step change
 reaches 1 - (1 - alpha)^n of its size after n rounds (alpha 0.3: 90% after 7 rounds).

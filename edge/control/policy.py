@@ -92,7 +92,7 @@ _REGISTRY: dict[str, PolicyFactory] = {}
 
 
 def register_policy(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
-    """Decorator: make `factory(client_config) -> DraftPolicy` buildable as `client.policy: name`."""
+    """Decorator: `factory(client_config) -> DraftPolicy` becomes `client.policy: name`."""
     def add(factory: PolicyFactory) -> PolicyFactory:
         if name in _REGISTRY and _REGISTRY[name] is not factory:
             raise ValueError(f"policy {name!r} registered twice")
