@@ -20,8 +20,9 @@ Lossless (every token verified; output must equal the target's own greedy output
      token grows with the weights it reads).
 
 Fast mode (entropy switch, mode fast, one channel and device): per entropy threshold t
-(enter_hard = t, exit_hard = 0.6 t, an unverified span ends before a position whose top
-probability is below e^-t, i.e. whose min-entropy exceeds t):
+(enter_hard = t, exit_hard = t - 0.5 nats; the rolling entropy below them lets spans go
+unverified, and within a span a position whose top probability is below the configured
+fast_min_confidence still ends it):
   verified share   tokens the target checked / tokens emitted
   agreement        share of emitted tokens equal to the target's greedy choice after the same
                    emitted prefix (teacher-forced: one target pass over prompt + output)
@@ -63,6 +64,7 @@ from tandem.config import load_config, merge, resolve_path
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = "small"
 LOSSLESS_CONFIGS = ("draft", "small", "switch")
+HYSTERESIS = 0.5  # nats between the fast curve's two thresholds
 
 
 @dataclass
@@ -131,10 +133,8 @@ def lossless_client(base: ClientConfig, name: str) -> ClientConfig:
 
 
 def fast_client(base: ClientConfig, t: float, max_run: int) -> ClientConfig:
-    entropy = EntropySwitchConfig(enter_hard=t, exit_hard=0.6 * t,
-                                  fast_min_confidence=math.exp(-t),
-                                  **{k: v for k, v in base.entropy.model_dump().items()
-                                     if k not in ("enter_hard", "exit_hard", "fast_min_confidence")})
+    entropy = EntropySwitchConfig(**{**base.entropy.model_dump(), "enter_hard": t,
+                                     "exit_hard": max(t - HYSTERESIS, 0.0)})
     return base.model_copy(update={"policy": "entropy", "mode": "fast", "entropy": entropy,
                                    "max_unverified_run": max_run})
 
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="channel profiles (configs/channels/NAME.yaml)")
     parser.add_argument("--devices", nargs="+", default=["laptop", "phone"],
                         help="device profiles (configs/devices/NAME.yaml)")
-    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.25, 0.5, 1.0, 1.5, 2.0, 3.0],
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[2.5, 3.0, 3.5, 4.0, 4.5, 5.0],
                         help="fast mode: entropy thresholds t (nats) of the curve")
     parser.add_argument("--max-unverified-run", type=int, default=16,
                         help="fast mode: the requests' bound on unverified runs")

@@ -25,9 +25,10 @@ from transformers.utils import logging as hf_logging
 from edge.runtime import DraftConfig, DraftRuntime, MissingBackend, load_draft_runtime
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = {"draft": ROOT / "models/tandem-draft", "target": ROOT / "models/tandem-target"}
+SHIPPED = {"draft": ROOT / "models/tandem-draft", "small": ROOT / "models/tandem-small",
+           "target": ROOT / "models/tandem-target"}
 DEV = {"draft": ROOT / "models/.cache/dev-draft", "target": ROOT / "models/.cache/dev-target"}
-GGUF_NAME, ONNX_NAME = "tandem-draft-f32.gguf", "tandem-draft.onnx"
+GGUF_NAME, ONNX_NAME = "{model}-f32.gguf", "{model}.onnx"  # in the model's HF directory
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft", type=Path, help="draft HF directory (default: models/tandem-draft)")
     parser.add_argument("--gguf", type=Path, help=f"draft GGUF (default: DRAFT/{GGUF_NAME})")
     parser.add_argument("--onnx", type=Path, help=f"draft ONNX (default: DRAFT/{ONNX_NAME})")
+    parser.add_argument("--small", type=Path, help="the ladder's small model, HF directory with its "
+                                                   "GGUF and ONNX beside it (default: "
+                                                   "models/tandem-small when it exists)")
     parser.add_argument("--target", type=Path, help="target HF directory (default: models/tandem-target)")
     parser.add_argument("--prefill-tokens", type=int, default=256)
     parser.add_argument("--decode-tokens", type=int, default=128)
@@ -110,10 +114,16 @@ def main(argv: list[str] | None = None) -> None:
     n_ctx = args.prefill_tokens + args.decode_tokens
     ids = benchmark_text_ids(draft, n_ctx)
     cases: list[tuple[str, Path, Callable[[], DraftRuntime]]] = []
-    for label, backend, path in [("llama.cpp", "llama.cpp", args.gguf or draft / GGUF_NAME),
-                                 ("onnxruntime", "onnxruntime", args.onnx or draft / ONNX_NAME),
-                                 ("torch", "torch", draft),
-                                 ("target (torch)", "torch", target)]:
+    runs = [("llama.cpp", "llama.cpp", args.gguf or draft / GGUF_NAME.format(model=draft.name)),
+            ("onnxruntime", "onnxruntime", args.onnx or draft / ONNX_NAME.format(model=draft.name)),
+            ("torch", "torch", draft)]
+    small = args.small or family.get("small")
+    if small is not None and (small / "config.json").exists():
+        runs += [(f"small {label}", backend, path) for label, backend, path in (
+            ("llama.cpp", "llama.cpp", small / GGUF_NAME.format(model=small.name)),
+            ("onnxruntime", "onnxruntime", small / ONNX_NAME.format(model=small.name)),
+            ("torch", "torch", small))]
+    for label, backend, path in runs + [("target (torch)", "torch", target)]:
         config = DraftConfig(backend=backend, model_path=path, tokenizer_dir=draft, n_ctx=n_ctx, threads=args.threads)
         cases.append((label, path, lambda config=config: load_draft_runtime(config)))
 

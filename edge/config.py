@@ -110,10 +110,13 @@ class EntropySwitchConfig(Settings):
     next-token distribution, averaged over the last `window` drafted positions."""
     window: int = Field(8, ge=1, le=1024,
                         description="drafted positions the rolling entropy averages over")
-    enter_hard: float = Field(1.6, ge=0, le=20,
+    # Defaults from the shipped models on held-out code: the draft's entropy has quartiles
+    # 2.4 / 4.2 / 5.3 nats, and above ~3 nats tandem-small agrees with the target clearly more
+    # often than the draft (0.83 vs 0.76); below it both agree >= 0.9 of the time.
+    enter_hard: float = Field(4.0, ge=0, le=20,
                               description="switch easy -> hard when the rolling entropy is at or "
                                           "above this (nats)")
-    exit_hard: float = Field(1.0, ge=0, le=20,
+    exit_hard: float = Field(3.0, ge=0, le=20,
                              description="switch hard -> easy when the rolling entropy is at or "
                                          "below this (nats); below enter_hard (hysteresis)")
     min_dwell_rounds: int = Field(2, ge=0, le=1000,
@@ -124,7 +127,7 @@ class EntropySwitchConfig(Settings):
     hard_max_k: int = Field(3, ge=0, le=64, description="most draft tokens per round in the "
                                                         "hard state")
     fast_min_confidence: float = Field(
-        0.5, ge=0, le=1, description="fast mode: an unverified span ends before the first "
+        0.3, ge=0, le=1, description="fast mode: an unverified span ends before the first "
                                      "position whose draft top probability is below this; from "
                                      "there the block goes to the verifier")
     easy_drafter: str | None = Field(None, description="ladder model that drafts easy text; "

@@ -257,7 +257,28 @@ def test_bench_runtimes_smoke(tmp_path, capsys, draft_dir, target_dir, gguf_path
     finally:
         torch.set_num_threads(torch_threads)
     rows = json.loads(out.read_text())["rows"]
-    assert [r["runtime"] for r in rows] == ["llama.cpp", "onnxruntime", "torch", "target (torch)"]
+    assert [r["runtime"] for r in rows] == ["llama.cpp", "onnxruntime", "torch", "small llama.cpp",
+                                            "small onnxruntime", "small torch", "target (torch)"]
     assert all(r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 for r in rows)
     assert all(r["prefill_tokens"] == 16 and r["decode_tokens"] == 4 for r in rows)
     assert "decode tok/s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("backend", EXPORTED)
+def test_small_model_exports_match_torch(backend, small_dir, draft_dir, heldout_chunks):
+    """The ladder's small model: its GGUF and ONNX give torch's logits, fed like the edge feeds."""
+    paths = {"llama.cpp": small_dir / "tandem-small-f32.gguf", "onnxruntime": small_dir / "tandem-small.onnx"}
+    chunk = heldout_chunks[0]
+    model = AutoModelForCausalLM.from_pretrained(small_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([chunk])).logits[0]
+    torch_threads = torch.get_num_threads()
+    runtime = load_draft_runtime(DraftConfig(backend=backend, model_path=paths[backend], threads=1, n_ctx=256))
+    try:
+        got = run_mixed(runtime, chunk)
+        # Same tokenizer as the draft: the verifier accepts either rung's blocks.
+        assert runtime.fingerprint() == tokenizer_fingerprint(AutoTokenizer.from_pretrained(draft_dir))
+    finally:
+        runtime.close()
+        torch.set_num_threads(torch_threads)
+    assert (got - ref).abs().max().item() < MAX_LOGIT_DIFF

@@ -1,4 +1,5 @@
-"""The shipped draft's HF directory and its exports (models.export.gguf / models.export.onnx).
+"""The shipped local models' HF directories (tandem-draft, tandem-small) and their exports
+(models.export.gguf / models.export.onnx).
 
 Numerical agreement of the shipped GGUF and ONNX files with torch is checked in
 test_draft_runtimes.py; here: the files are what the exporters write, their metadata and
@@ -29,8 +30,8 @@ def gguf_field(reader: GGUFReader, key: str):
     return reader.fields[key].contents()
 
 
-def test_hf_dirs_load_as_is(draft_dir, target_dir):
-    for model_dir in (draft_dir, target_dir):
+def test_hf_dirs_load_as_is(draft_dir, target_dir, small_dir):
+    for model_dir in (draft_dir, target_dir, small_dir):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         text = "def f(x):\n    return x + 1<|endoftext|>"
@@ -66,8 +67,9 @@ def test_permute_for_rope_turns_hf_rotary_into_llama_cpp_rotary():
     np.testing.assert_allclose(llama_rope, permute_for_rope(hf_rope, n_head), rtol=1e-5, atol=1e-5)
 
 
-def test_shipped_gguf_is_a_fresh_export(tmp_path, draft_dir, gguf_path):
+def test_shipped_gguf_is_a_fresh_export(tmp_path, local_model):
     """The shipped file is what the exporter writes from the shipped HF directory now."""
+    draft_dir, gguf_path = local_model["dir"], local_model["gguf"]
     shipped, fresh = GGUFReader(gguf_path), GGUFReader(export_gguf(draft_dir, tmp_path / "fresh.gguf"))
     config = json.loads((draft_dir / "config.json").read_text())
     tokenizer = json.loads((draft_dir / "tokenizer.json").read_text())
@@ -100,7 +102,8 @@ def test_shipped_gguf_is_a_fresh_export(tmp_path, draft_dir, gguf_path):
         np.testing.assert_array_equal(tensor.data, fresh_tensors[tensor.name].data, err_msg=tensor.name)
 
 
-def test_shipped_onnx_signature(onnx_path, draft_dir):
+def test_shipped_onnx_signature(local_model):
+    onnx_path, draft_dir = local_model["onnx"], local_model["dir"]
     config = json.loads((draft_dir / "config.json").read_text())
     model = onnx.load(str(onnx_path), load_external_data=False)
     assert [op.version for op in model.opset_import if op.domain in ("", "ai.onnx")] == [onnx_export.OPSET]
@@ -145,8 +148,9 @@ def test_exporters_handle_other_llama_shapes(other_llama_dir, heldout_prompts):
     torch's logits through the edge runtimes, prefill and decode."""
     gguf_export.main(["--hf", str(other_llama_dir)])
     onnx_export.main(["--hf", str(other_llama_dir)])
-    gguf_file = other_llama_dir / "tandem-draft-f32.gguf"
-    onnx_file = other_llama_dir / "tandem-draft.onnx"
+    # Default names follow the HF directory's name.
+    gguf_file = other_llama_dir / f"{other_llama_dir.name}-f32.gguf"
+    onnx_file = other_llama_dir / f"{other_llama_dir.name}.onnx"
     assert gguf_file.is_file() and onnx_file.is_file()
     assert "output.weight" in {t.name for t in GGUFReader(gguf_file).tensors}  # untied: written
 
