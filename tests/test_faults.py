@@ -12,6 +12,7 @@ Each test checks, on top of its own bound:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -421,6 +422,62 @@ def test_daemon_link_state_is_probed_and_a_cancelled_request_frees_its_slot_at_o
         assert freed <= slot_freed_s, f"the slot was freed {freed:.2f} s after the disconnect"
     finally:
         daemon.stop()
+
+
+def test_daemon_stream_flags_every_delta_through_a_stall(verifier, draft_dir, gguf_path,
+                                                         reference, edge_tokenizer):
+    """Each streamed content chunk says whether its text was verified and the link state. The
+    verifier stalls after the first verified chunks and stays stalled: the stream goes on
+    locally; the verified chunks form a prefix whose text is the target-alone text, every later
+    chunk is unverified, and the unverified ones report the link down; the deltas concatenate to
+    as many tokens as asked, and the final stats count the same unverified tokens."""
+    import httpx
+
+    from edge.config import DaemonConfig, EdgeConfig
+    from edge.daemon.server import DaemonThread, load_engine
+    from edge.runtime import DraftConfig
+
+    config = EdgeConfig(
+        cloud=CloudLinkConfig(address=verifier.address, api_key_env=""),
+        draft=DraftConfig(backend="llama.cpp", model_path=gguf_path, tokenizer_dir=draft_dir,
+                          n_ctx=1024, threads=1),
+        client=ClientConfig(draft_length=4, monitor_interval_s=0.1, round_timeout_s=30.0,
+                            deadline_floor_s=DEADLINE_S),
+        daemon=DaemonConfig(port=0, pool_size=1))
+    prompt = "def f(x):\n"
+    body = {"model": "tandem-draft", "prompt": prompt, "max_tokens": 300, "temperature": 0,
+            "stream": True, "ignore_eos": True}
+    chunks: list[dict] = []
+    daemon = DaemonThread(load_engine(config)).start()
+    try:
+        with httpx.Client(timeout=60) as http, \
+                http.stream("POST", daemon.url + "/v1/completions", json=body) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunks.append(json.loads(line[len("data: "):]))
+                content = [c for c in chunks if c["choices"] and c["choices"][0]["text"]]
+                if len(content) == 5:
+                    verifier.signal(signal.SIGSTOP)   # every later round waits in vain
+    finally:
+        verifier.signal(signal.SIGCONT)
+        daemon.stop()
+    content = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"] is None]
+    stats = chunks[-1]["tandem"]
+    flags = [c["tandem"]["verified"] for c in content]
+    states = [c["tandem"]["link_state"] for c in content]
+    first_local = flags.index(False)
+    print(f"daemon stream: {len(content)} chunks, {first_local} verified then "
+          f"{len(flags) - first_local} local; states of the local ones {sorted(set(states[first_local:]))}")
+    assert first_local >= 5 and not any(flags[first_local:]), flags
+    verified_text = "".join(c["choices"][0]["text"] for c in content[:first_local])
+    target_ids = reference.greedy(edge_tokenizer.encode(prompt), 300)
+    assert edge_tokenizer.decode(target_ids).startswith(verified_text)
+    assert all(state == "up" for state in states[:first_local])
+    assert "down" in states[first_local:]
+    assert set(states) <= {"up", "degraded", "down"}
+    assert stats["verified_tokens"] + stats["unverified_tokens"] == 300
+    assert stats["unverified_tokens"] > 0 and stats["verified_tokens"] >= first_local
 
 
 def test_sigkill_restart_waits_verified_then_a_different_target_is_refused(

@@ -49,7 +49,20 @@ from tandem.sampling import SamplingParams
 log = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length"]
-OnText = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """A piece of streamed text and what stands behind it: `verified` is True only when every
+    token whose bytes are in `text` was checked by the target (a detokenizer may hold a token's
+    bytes back into a later delta, so the flag is the AND over all of them); `link_state` is the
+    verifier link's state when the delta was released."""
+    text: str
+    verified: bool
+    link_state: str
+
+
+OnText = Callable[[TextDelta], None]
 
 def chat_prompt(messages: Sequence[ChatMessageIn]) -> str:
     """The documented plain prompt of the shipped code models (see chat_template.py)."""
@@ -90,6 +103,7 @@ class _Emitted:
     verified: list[bool] = field(default_factory=list)
     first_token_s: float | None = None
     text: list[str] = field(default_factory=list)
+    pending_verified: bool = True  # AND of the flags of tokens pushed since the last release
     halted: Literal["stop", "timeout", ""] = ""   # why on_tokens ended the generation
 
 
@@ -277,7 +291,8 @@ class Engine:
             if text:
                 emitted.text.append(text)
                 if on_text is not None:
-                    on_text(text)
+                    on_text(TextDelta(text, emitted.pending_verified, self.link_state))
+                emitted.pending_verified = True
 
         def on_tokens(ids: list[int], verified: list[bool]) -> bool:
             """Returns False to end the generation (stop string, deadline); a cancelled request
@@ -293,6 +308,7 @@ class Engine:
                 chunk = ids[i:i + step]
                 emitted.token_ids.extend(chunk)
                 emitted.verified.extend(verified[i:i + step])
+                emitted.pending_verified &= all(verified[i:i + step])
                 # The eos that ends a generation is part of the client's output, not the text.
                 release(stops.push(detok.push([t for t in chunk if t not in stop_ids])))
                 if stops.stopped:
@@ -426,7 +442,7 @@ def build_stats(result: GenerationResult, emitted: _Emitted, wall_s: float, back
 
 
 class TextStream:
-    """One streaming generation as an async iterator: text deltas (str) as they complete, then
+    """One streaming generation as an async iterator: text deltas (TextDelta) as they complete, then
     the GenerationOutput. Leaving the iteration early (the HTTP client went away) halts the
     generation at its next commit."""
 
@@ -438,13 +454,13 @@ class TextStream:
         # Runs after the worker's last on_text, and call_soon_threadsafe keeps their order.
         self._future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._queue.put_nowait, None))
 
-    def _on_text(self, text: str) -> None:  # worker thread
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, text)
+    def _on_text(self, delta: TextDelta) -> None:  # worker thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, delta)
 
-    def __aiter__(self) -> AsyncIterator[str | GenerationOutput]:
+    def __aiter__(self) -> AsyncIterator[TextDelta | GenerationOutput]:
         return self._items()
 
-    async def _items(self) -> AsyncIterator[str | GenerationOutput]:
+    async def _items(self) -> AsyncIterator[TextDelta | GenerationOutput]:
         try:
             while (item := await self._queue.get()) is not None:
                 yield item

@@ -365,6 +365,14 @@ class TandemStats(BaseModel):
     trace: list[RoundTrace] | None = None
 
 
+class TandemDelta(BaseModel):
+    """What stands behind one streamed text delta (the extra `tandem` field of each content
+    chunk; the last chunk carries TandemStats instead)."""
+    verified: bool = Field(description="every token in this delta was checked by the target")
+    link_state: str = Field(description="the verifier link when the delta was sent: up, "
+                                        "degraded, down, overloaded or misconfigured")
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
@@ -376,14 +384,15 @@ class CompletionChoice(BaseModel):
 
 class CompletionResponse(BaseModel):
     """Both the whole response and each streamed chunk of /v1/completions (same shape, as in
-    OpenAI); chunks carry `usage` and `tandem` only on the last one."""
+    OpenAI); content chunks carry a TandemDelta in `tandem`, the last one TandemStats and
+    `usage`."""
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
-    tandem: TandemStats | None = None
+    tandem: TandemStats | TandemDelta | None = None
 
 
 class ChatMessageOut(BaseModel):
@@ -427,7 +436,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
-    tandem: TandemStats | None = None
+    tandem: TandemStats | TandemDelta | None = None
 
 
 class ModelCard(BaseModel):

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from edge.daemon import sse
-from edge.daemon.engine import GenerationOutput, TextStream
+from edge.daemon.engine import GenerationOutput, TextDelta, TextStream
 from edge.daemon.errors import ApiError
 from edge.daemon.openai_schema import (
     ChatChoice,
@@ -18,6 +18,7 @@ from edge.daemon.openai_schema import (
     ChatMessageOut,
     CompletionChoice,
     CompletionResponse,
+    TandemDelta,
     Usage,
 )
 
@@ -60,10 +61,15 @@ def chat_response(out: GenerationOutput, model: str) -> ChatCompletionResponse:
         usage=usage(out), tandem=out.stats)
 
 
+def delta_stats(delta: TextDelta) -> TandemDelta:
+    return TandemDelta(verified=delta.verified, link_state=delta.link_state)
+
+
 async def completion_events(streams: Sequence[Callable[[], TextStream]], model: str,
                             include_usage: bool, echo_texts: Sequence[str] = (),
                             on_done: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
-    """SSE chunks of /v1/completions: for each prompt in turn (choice `index`), text deltas,
+    """SSE chunks of /v1/completions: for each prompt in turn (choice `index`), text deltas
+    (each with its TandemDelta: verified or not, and the link state),
     then a chunk with finish_reason and the `tandem` stats; then (stream_options.include_usage)
     a usage chunk with no choices. `streams` start their generation when called (the first
     one should already be admitted, so an overload is still an HTTP status)."""
@@ -91,8 +97,8 @@ async def completion_events(streams: Sequence[Callable[[], TextStream]], model: 
                 yield sse.event(item.body())
                 failed = True
                 break
-            if isinstance(item, str):
-                yield chunk(text(item))
+            if isinstance(item, TextDelta):
+                yield chunk(text(item.text), tandem=delta_stats(item))
                 continue
             outs.append(item)
             yield chunk(text("", item.finish_reason), tandem=item.stats)
@@ -108,7 +114,8 @@ async def completion_events(streams: Sequence[Callable[[], TextStream]], model: 
 async def chat_events(stream: TextStream, model: str, include_usage: bool,
                       on_done: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
     """SSE chunks of /v1/chat/completions: a role chunk, content deltas, a chunk with
-    finish_reason and the `tandem` stats, then (include_usage) a usage chunk with no choices."""
+    finish_reason and the `tandem` stats, then (include_usage) a usage chunk with no choices.
+    Content chunks carry a TandemDelta: verified or not, and the link state."""
     cid, created = new_id("chatcmpl"), int(time.time())
 
     def chunk(choices: list[ChatChunkChoice], **extra) -> bytes:
@@ -119,8 +126,9 @@ async def chat_events(stream: TextStream, model: str, include_usage: bool,
         if isinstance(item, ApiError):
             yield sse.event(item.body())
             break
-        if isinstance(item, str):
-            yield chunk([ChatChunkChoice(delta=ChatDelta(content=item))])
+        if isinstance(item, TextDelta):
+            yield chunk([ChatChunkChoice(delta=ChatDelta(content=item.text))],
+                        tandem=delta_stats(item))
             continue
         yield chunk([ChatChunkChoice(delta=ChatDelta(), finish_reason=item.finish_reason)], tandem=item.stats)
         if include_usage:
@@ -130,7 +138,7 @@ async def chat_events(stream: TextStream, model: str, include_usage: bool,
     yield sse.DONE
 
 
-async def _guarded(stream: TextStream) -> AsyncIterator[str | GenerationOutput | ApiError]:
+async def _guarded(stream: TextStream) -> AsyncIterator[TextDelta | GenerationOutput | ApiError]:
     """The stream's items; a failure after the first byte becomes an error event, since the HTTP
     status is already sent."""
     try:
