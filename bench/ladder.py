@@ -1,8 +1,9 @@
 """The edge model ladder and fast mode, measured (issue 11): `python -m bench.ladder`.
 
     python -m bench.ladder [--prompts 3] [--max-tokens 32] [--channels lan lte]
-                           [--devices laptop phone] [--thresholds 0.5 1 1.5 2 3]
-                           [--max-unverified-run 16] [--json PATH] [--plot PATH] [--markdown]
+                           [--devices laptop phone] [--thresholds 3 4 5 7]
+                           [--min-confidences 0.15 0.3] [--max-unverified-run 16]
+                           [--json PATH] [--plot PATH] [--markdown]
 
 One in-process verifier (cloud.service on 127.0.0.1, the shipped target), a channel emulator in
 front of it per channel profile (bench.channel.ChannelProxy), and the edge's two local models
@@ -21,8 +22,9 @@ Lossless (every token verified; output must equal the target's own greedy output
 
 Fast mode (entropy switch, mode fast, one channel and device): per entropy threshold t
 (enter_hard = t, exit_hard = t - 0.5 nats; the rolling entropy below them lets spans go
-unverified, and within a span a position whose top probability is below the configured
-fast_min_confidence still ends it):
+unverified) and per confidence cut c (fast_min_confidence: within a span a position whose draft
+top probability is below c ends it, and the target is asked for that position's token in a
+round of fast_unsure_k draft tokens):
   verified share   tokens the target checked / tokens emitted
   agreement        share of emitted tokens equal to the target's greedy choice after the same
                    emitted prefix (teacher-forced: one target pass over prompt + output)
@@ -84,6 +86,7 @@ class LosslessRow:
 @dataclass
 class FastRow:
     threshold: float
+    min_confidence: float
     tokens: int
     verified_share: float
     agreement: float
@@ -132,9 +135,10 @@ def lossless_client(base: ClientConfig, name: str) -> ClientConfig:
     return base.model_copy(update={"policy": "fixed", "mode": "lossless"})
 
 
-def fast_client(base: ClientConfig, t: float, max_run: int) -> ClientConfig:
+def fast_client(base: ClientConfig, t: float, cut: float, max_run: int) -> ClientConfig:
     entropy = EntropySwitchConfig(**{**base.entropy.model_dump(), "enter_hard": t,
-                                     "exit_hard": max(t - HYSTERESIS, 0.0)})
+                                     "exit_hard": max(t - HYSTERESIS, 0.0),
+                                     "fast_min_confidence": cut})
     return base.model_copy(update={"policy": "entropy", "mode": "fast", "entropy": entropy,
                                    "max_unverified_run": max_run})
 
@@ -268,8 +272,10 @@ def _fast(edge: EdgeConfig, device: DeviceSpec, profile: ChannelProfile, port: i
         host, proxy_port = proxy.address
         channel = make_channel(edge.cloud, f"{host}:{proxy_port}")
         try:
-            for t in args.thresholds:
-                client = _client(channel, ladder, fast_client(edge.client, t, args.max_unverified_run))
+            cuts = args.min_confidences or [edge.client.entropy.fast_min_confidence]
+            for cut, t in ((c, t) for c in cuts for t in args.thresholds):
+                client = _client(channel, ladder,
+                                 fast_client(edge.client, t, cut, args.max_unverified_run))
                 tokens = verified = agree = up = 0
                 loglik = wall = 0.0
                 longest = 0
@@ -283,7 +289,7 @@ def _fast(edge: EdgeConfig, device: DeviceSpec, profile: ChannelProfile, port: i
                     up += res.bytes_up
                     wall += res.wall_s
                     longest = max(longest, longest_false_run(res.verified))
-                rows.append(FastRow(threshold=t, tokens=tokens, verified_share=verified / tokens,
+                rows.append(FastRow(threshold=t, min_confidence=cut, tokens=tokens, verified_share=verified / tokens,
                                     agreement=agree / tokens, mean_loglik=loglik / tokens,
                                     uplink_bytes_per_token=up / tokens, tokens_per_s=tokens / wall,
                                     longest_unverified_run=longest))
@@ -306,10 +312,11 @@ def speedups(rows: Sequence[LosslessRow]) -> dict:
 
 
 def fast_goal(rows: Sequence[FastRow]) -> dict:
-    """The lowest verified share among thresholds with agreement >= 95% (goal: <= 40%)."""
+    """The lowest verified share among settings with agreement >= 95% (goal: <= 40%)."""
     ok = [r for r in rows if r.agreement >= 0.95]
     best = min(ok, key=lambda r: r.verified_share) if ok else None
     return {"threshold": best.threshold if best else None,
+            "min_confidence": best.min_confidence if best else None,
             "verified_share": best.verified_share if best else None,
             "goal": 0.40, "met": bool(best and best.verified_share <= 0.40)}
 
@@ -325,15 +332,15 @@ def markdown(report: dict) -> str:
     lines += ["", "switch ÷ better single drafter: " + ", ".join(
         f"{k} {v:.2f}×" for k, v in s["per_profile"].items()) + f"; mean {s['mean']:.2f}× "
         f"(goal ≥ 1.1×: {'met' if s['met'] else 'not met'})", "",
-        "| threshold t | verified share | agreement | mean log-lik | uplink B/token | tok/s | longest unverified run |",
-        "|---|---|---|---|---|---|---|"]
+        "| threshold t | cut c | verified share | agreement | mean log-lik | uplink B/token | tok/s | longest unverified run |",
+        "|---|---|---|---|---|---|---|---|"]
     for r in report["fast"]:
-        lines.append(f"| {r['threshold']:.2f} | {r['verified_share']:.2f} | {r['agreement']:.3f} | "
+        lines.append(f"| {r['threshold']:.2f} | {r['min_confidence']:.2f} | {r['verified_share']:.2f} | {r['agreement']:.3f} | "
                      f"{r['mean_loglik']:.3f} | {r['uplink_bytes_per_token']:.1f} | "
                      f"{r['tokens_per_s']:.1f} | {r['longest_unverified_run']} |")
     g = report["goal_fast"]
     lines += ["", "fast goal (at ≥ 95 % agreement the cloud verifies ≤ 40 % of tokens): " +
-              (f"t = {g['threshold']}, verified share {g['verified_share']:.2f} — "
+              (f"t = {g['threshold']}, c = {g['min_confidence']}, verified share {g['verified_share']:.2f} — "
                f"{'met' if g['met'] else 'not met'}" if g["threshold"] is not None
                else "no threshold reached 95 % agreement — not met")]
     return "\n".join(lines)
@@ -345,16 +352,19 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
     rows = report["fast"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [r["verified_share"] for r in rows]
-    ax.plot(xs, [r["agreement"] for r in rows], "o-", label="agreement with target greedy")
-    for r in rows:
-        ax.annotate(f"t={r['threshold']:g}", (r["verified_share"], r["agreement"]), fontsize=8)
+    for cut in sorted({r["min_confidence"] for r in rows}):
+        line = [r for r in rows if r["min_confidence"] == cut]
+        ax.plot([r["verified_share"] for r in line], [r["agreement"] for r in line], "o-",
+                label=f"confidence cut c = {cut:g}")
+        for r in line:
+            ax.annotate(f"t={r['threshold']:g}", (r["verified_share"], r["agreement"]), fontsize=8)
     ax.axhline(0.95, color="grey", ls="--", lw=0.8)
     ax.axvline(0.40, color="grey", ls=":", lw=0.8)
     ax.set_xlabel("share of tokens the cloud verified")
     ax.set_ylabel("agreement (teacher-forced)")
-    ax.set_title("fast mode over entropy thresholds")
+    ax.set_title("fast mode over entropy thresholds t and confidence cuts c")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -371,8 +381,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="channel profiles (configs/channels/NAME.yaml)")
     parser.add_argument("--devices", nargs="+", default=["laptop", "phone"],
                         help="device profiles (configs/devices/NAME.yaml)")
-    parser.add_argument("--thresholds", type=float, nargs="+", default=[2.5, 3.0, 3.5, 4.0, 4.5, 5.0],
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[3.0, 4.0, 5.0, 7.0],
                         help="fast mode: entropy thresholds t (nats) of the curve")
+    parser.add_argument("--min-confidences", type=float, nargs="+",
+                        help="fast mode: confidence cuts c of the curve (default: the edge "
+                             "config's entropy.fast_min_confidence)")
     parser.add_argument("--max-unverified-run", type=int, default=16,
                         help="fast mode: the requests' bound on unverified runs")
     parser.add_argument("--small", type=Path, default=Path("models/tandem-small"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -29,9 +29,18 @@ class Block:
     end_reason: str = "length"  # "length" | "confidence" | "stop_id" | "zero" (k = 0)
     draft_s: float = 0.0        # time spent drafting it (sync included)
     sync_s: float = 0.0         # of which: rolling the cache to the context and feeding it
+    sync_tokens: int = 0        # tokens that sync fed (1 after a verdict: one decode step)
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def head(self, n: int) -> "Block":
+        """The first n positions (the draft cursor rolls back to the context on its next
+        draft, as after a rejection)."""
+        if n >= len(self.tokens):
+            return self
+        return replace(self, tokens=self.tokens[:n], q=self.q[:n], confidences=self.confidences[:n],
+                       entropies=self.entropies[:n], end_reason="confidence")
 
 
 def draft_seed(seed: int) -> int:
@@ -71,8 +80,9 @@ class DraftCursor:
         self.tokens: list[int] = []            # what the runtime's KV cache holds, in order
         self.next_logits: torch.Tensor | None = None  # [vocab] after tokens[-1]
 
-    def sync(self, context: Sequence[int]) -> None:
-        """Make the cache hold exactly `context` (non-empty) and `next_logits` follow its end."""
+    def sync(self, context: Sequence[int]) -> int:
+        """Make the cache hold exactly `context` (non-empty) and `next_logits` follow its end.
+        Returns how many tokens it fed."""
         if not context:
             raise ValueError("the context must hold at least one token")
         if self.runtime.position != len(self.tokens):
@@ -81,7 +91,7 @@ class DraftCursor:
             self.runtime.rollback(0)
         common = _common_prefix(self.tokens, context)
         if common == len(context) == len(self.tokens):
-            return
+            return 0
         # The logits after context[-1] come from feeding it, so at least that token is re-fed.
         keep = min(common, len(context) - 1)
         self.runtime.rollback(keep)
@@ -89,6 +99,7 @@ class DraftCursor:
         assert logits.dim() == 2 and logits.shape[0] == len(context) - keep, tuple(logits.shape)
         self.tokens = list(context)
         self.next_logits = logits[-1]
+        return len(context) - keep
 
     def draft(self, context: Sequence[int], k: int, chooser: TokenChooser, *, vocab_size: int,
               max_entries: int, stop_ids: frozenset[int] = frozenset(),
@@ -101,9 +112,9 @@ class DraftCursor:
         ids the target does not have). Feeds k - 1 tokens: the last one needs no logits.
         """
         t0 = time.perf_counter()
-        self.sync(context)
+        fed = self.sync(context)
         block = Block(end_reason="length" if k > 0 else "zero",
-                      sync_s=time.perf_counter() - t0)
+                      sync_s=time.perf_counter() - t0, sync_tokens=fed)
         for i in range(k):
             logits = self.next_logits[:vocab_size]
             confidence, entropy = confidence_entropy(logits)

@@ -175,7 +175,7 @@ class Generation:
                          link_state="offline" if self.offline else "up",
                          sampling=not self.request.sampling.greedy,
                          history=self.result.rounds_log, context_length=len(self.context),
-                         max_q_entries=max_q, server_load=self.link.load,
+                         max_q_entries=max_q, server_load=self.link.load, fast=self.fast,
                          max_send_ahead=max(limits.max_in_flight, 1) if limits is not None else 1,
                          drafters=tuple(self.cursors))
 
@@ -205,8 +205,12 @@ class Generation:
         if block is None:
             block = self._draft(k, plan)
         if not plan.verify and block.confidences and block.confidences[0] < plan.min_confidence:
-            # Unsure from the first position on: nothing to skip, the verifier checks it.
+            # Unsure from the first position on: nothing to skip, the verifier checks it (just
+            # the plan's unsure_k first tokens of it, in fast mode).
             plan = replace(plan, verify=True)
+            if plan.unsure_k is not None:
+                block = block.head(plan.unsure_k)
+                k = len(block)
         if not plan.verify:
             self.force_verify = block.end_reason == "confidence"
             self._record(RoundRecord(index=0, k_asked=k, drafted=len(block), accepted=None,
@@ -228,14 +232,16 @@ class Generation:
         mode, within the unverified-run bound, and not right after a skipped span that ended
         on an unsure position; otherwise it is verified like any block (so a lossless request
         is verified whatever the policy says), without the fast-mode confidence cut. The
-        drafter is one of this client's local models ("" = the default)."""
+        drafter is one of this client's local models ("" = the default). In fast mode that
+        forced round drafts the plan's unsure_k tokens."""
         drafter = plan.drafter if plan.drafter in self.cursors else ""
         if plan.drafter != drafter:
             plan = replace(plan, drafter=drafter)
         if plan.verify or (self.fast and not self.force_verify
                            and self.unverified_run < self.max_unverified_run):
             return plan
-        return replace(plan, verify=True, min_confidence=0.0)
+        k = plan.unsure_k if self.fast and plan.unsure_k is not None else plan.k
+        return replace(plan, k=min(k, plan.k), verify=True, min_confidence=0.0)
 
     def _draft_after(self, prefix: list[int], k: int, plan: Plan) -> Block:
         """Draft k tokens after `prefix` (a context the verdicts may still confirm)."""
@@ -269,6 +275,7 @@ class Generation:
         record = RoundRecord(index=0, k_asked=k, drafted=len(block), accepted=None,
                              end_reason=block.end_reason, drafter=plan.drafter or "",
                              draft_s=block.draft_s, sync_s=block.sync_s,
+                             sync_tokens=block.sync_tokens,
                              confidences=block.confidences,
                              entropies=block.entropies, q_entries=self._q_entries(plan),
                              attempts=0, t_start_s=t_start)

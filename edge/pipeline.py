@@ -148,6 +148,7 @@ class Pipeline:
         record = RoundRecord(index=0, k_asked=k, drafted=len(block), accepted=None,
                              end_reason=block.end_reason, drafter=plan.drafter or "",
                              draft_s=block.draft_s, sync_s=block.sync_s,
+                             sync_tokens=block.sync_tokens,
                              confidences=block.confidences,
                              entropies=block.entropies, q_entries=gen._q_entries(plan),
                              bytes_up=sent.bytes_up, send_s=sent.send_s, in_flight=in_flight,

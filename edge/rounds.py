@@ -35,6 +35,7 @@ class RoundRecord:
     target_passes: int = 0             # target forward passes this round cost
     draft_s: float = 0.0               # drafting the block on the device (sync included)
     sync_s: float = 0.0                # of which: syncing the draft's cache to the context
+    sync_tokens: int = 0               # tokens that sync fed
     send_s: float = 0.0                # framing + queueing the Draft message
     rtt_s: float = 0.0                 # send -> verdict received (includes the server's time)
     server_queue_s: float = 0.0        # from the verdict's timings

@@ -52,6 +52,7 @@ def run(policy, link: Link, draft: Draft, rounds: int, rng: random.Random, *,
         record = RoundRecord(index=len(history), k_asked=k, drafted=k, accepted=n,
                              mode="verify", verified=True, committed=n + 1, target_passes=1,
                              draft_s=draft.s_per_token * k, rtt_s=rtt,
+                             sync_s=draft.s_per_token if k else 0.0, sync_tokens=1,
                              server_forward_s=link.server_s, bytes_up=bytes_up, bytes_down=12,
                              confidences=[0.9] * k)
         history.append(record)
@@ -87,6 +88,37 @@ def test_registry_builds_policies_by_name():
 
 
 # ---- the controller's choices ----------------------------------------------------------------
+
+def test_draft_speed_is_measured_per_decode_step():
+    """A real draft of k tokens runs k decode steps when its sync fed one token (k - 1 after
+    the sync); a long sync is a prefill and is left out of the per-token speed."""
+    policy = adaptive()
+    step = 0.025
+    for i, k in enumerate([1, 2, 3, 5, 8, 2, 1, 4] * 4):
+        prefill = i == 0
+        sync_s = 0.2 if prefill else step
+        policy.update(RoundRecord(index=i, k_asked=k, drafted=k, accepted=0, mode="verify",
+                                  verified=True, committed=1, draft_s=sync_s + step * (k - 1),
+                                  sync_s=sync_s, sync_tokens=60 if prefill else 1, rtt_s=0.02))
+    assert policy.t_draft() == pytest.approx(step, rel=0.02)
+
+
+def test_draft_ahead_only_where_it_pays():
+    """Draft-ahead is not interrupted by the verdict: a phone-speed draft (25 ms/token) on a
+    2 ms link would spend on rejections far more than it hides; a fast draft on a 60 ms link
+    hides its drafting entirely. Every plan that drafts ahead is one where it pays."""
+    rng = random.Random(7)
+    slow_short = AdaptivePolicy(ClientConfig(policy="adaptive", draft_ahead=True))
+    log = run(slow_short, Link(latency_s=0.002, server_s=0.015), Draft(alpha=0.7, s_per_token=0.025),
+              60, rng)
+    assert not slow_short.ahead_pays(4) and not slow_short.ahead_pays(8)
+    assert all(slow_short.ahead_pays(plan.k) for plan, _ in log[-20:] if plan.draft_ahead)
+    fast_long = AdaptivePolicy(ClientConfig(policy="adaptive", draft_ahead=True))
+    log = run(fast_long, Link(latency_s=0.060, server_s=0.015), Draft(alpha=0.7, s_per_token=0.001),
+              60, rng)
+    assert fast_long.ahead_pays(4) and fast_long.ahead_pays(8)
+    assert all(plan.draft_ahead for plan, _ in log[-20:] if plan.k > 0)
+
 
 def test_k_grows_with_rtt_when_acceptance_is_high():
     ks = [steady_k(adaptive(max_draft_length=32), Link(latency_s=rtt), Draft(alpha=0.9),

@@ -142,6 +142,33 @@ def test_fast_mode_marks_tokens_and_honours_the_unverified_bound(
     assert all(result.verified) and result.token_ids == reference.greedy(ids, NEW_TOKENS)
 
 
+@pytest.mark.parametrize("unsure_k", [0, 2])
+def test_fast_mode_sends_only_unsure_positions_to_the_verifier(
+        verifier, ladder, prompt_ids, target_runtime, unsure_k):
+    """Never hard, confidence cut 0.3: every token emitted unverified had draft top probability
+    >= 0.3; each verified round drafts at most fast_unsure_k tokens (0: the target is asked for
+    the unsure position's token alone, one verified token per round); verified tokens are the
+    target's greedy choice."""
+    cut = 0.3
+    entropy = EntropySwitchConfig(enter_hard=20.0, exit_hard=20.0, start_state="easy",
+                                  fast_min_confidence=cut, fast_unsure_k=unsure_k)
+    client = switching_client(verifier, ladder, entropy=entropy, mode="fast", max_unverified_run=16)
+    ids = prompt_ids[5]
+    result = client.generate(GenerationRequest(ids, 48, mode="fast"))
+    local = [r for r in result.rounds_log if not r.verified]
+    checked = [r for r in result.rounds_log if r.verified]
+    assert local and checked
+    assert all(c >= cut for r in local for c in r.confidences[:r.committed])
+    assert all(r.drafted <= unsure_k for r in checked), [r.drafted for r in checked]
+    if unsure_k == 0:
+        assert all(r.committed == 1 for r in checked[:-1])
+    with torch.inference_mode():
+        logits = target_runtime.score(target_runtime.new_state(), ids + result.token_ids[:-1])
+    greedy = logits[len(ids) - 1:].argmax(-1).tolist()
+    assert all(g == t for g, t, v in zip(greedy, result.token_ids, result.verified) if v)
+    print(f"fast, unsure_k={unsure_k}: verified share {sum(result.verified) / len(result.verified):.2f}")
+
+
 def test_a_lossless_session_refuses_unverified_tokens(verifier, prompt_ids, ladder):
     """The verifier takes unverified tokens only in a session opened in fast mode."""
     from edge.drafting import Block

@@ -60,6 +60,18 @@ FLAT_TOLERANCE = 0.02             # the smallest k within 2% of the best rate wi
                                   # drafts (and spends) less for the same speed
 
 
+def decode_steps(record: RoundRecord) -> tuple[int, float]:
+    """(decode steps, their seconds) of one round's drafting. Drafting k tokens feeds k - 1 of
+    them (the last needs no logits) after the sync; a sync that fed one token (the verdict's
+    bonus or correction: the usual case) is one more decode step, so k steps in all, which is
+    what round_seconds charges. A longer sync is a prefill, at another speed: left out."""
+    if record.drafted == 0:
+        return 0, 0.0
+    if record.sync_tokens == 1:
+        return record.drafted, record.draft_s
+    return record.drafted - 1, max(record.draft_s - record.sync_s, 0.0)
+
+
 class AdaptivePolicy:
     def __init__(self, config: "ClientConfig") -> None:
         cfg = config.adaptive
@@ -154,6 +166,15 @@ class AdaptivePolicy:
             self.q_entries = min(self.q_entries * 2, self.max_q_entries)
         return self.q_entries
 
+    def ahead_pays(self, k: int) -> bool:
+        """Draft-ahead drafts the next k + 1 tokens while this block is verified, and is not
+        interrupted by the verdict: on a full accept it saves up to the wait, on a rejection it
+        costs whatever of it outlasts the wait (a slow device on a short link loses)."""
+        p_full = self.expected_tokens(k) - self.expected_tokens(k - 1)
+        ahead = self.t_draft() * (k + 1)
+        wait = self.channel.net_rtt(self.block_bytes(k)) + self.channel.server_s()
+        return p_full * min(ahead, wait) > (1.0 - p_full) * max(ahead - wait, 0.0)
+
     def cloud_rate(self, n: int) -> float:
         per_token = self.cloud_s_per_token or self.channel.server_s()
         return n / (self.channel.net_rtt(DRAFT_OVERHEAD_BYTES) + n * max(per_token, 1e-4))
@@ -191,17 +212,17 @@ class AdaptivePolicy:
         if k == 0 and view.max_k > 0 and self.zero_rounds >= PROBE_AFTER_ZERO_ROUNDS:
             chosen = 1
         return Plan(k=chosen, min_confidence=self.min_confidence(rate), q_entries=q_entries,
-                    send_ahead=send_ahead, draft_ahead=self.draft_ahead and chosen > 0)
+                    send_ahead=send_ahead,
+                    draft_ahead=self.draft_ahead and chosen > 0 and self.ahead_pays(chosen))
 
     def update(self, record: RoundRecord) -> None:
         self.channel.update(record)
         self.acceptance.update(record)
         a = self.cfg.rtt_alpha
         self.zero_rounds = self.zero_rounds + 1 if record.drafted == 0 else 0
-        if record.drafted > 0 and record.draft_s > 0:
-            # Per drafted token, without the cache sync (a per-round cost that does not grow
-            # with k: it feeds the tokens the last verdict committed).
-            per_token = max(record.draft_s - record.sync_s, 0.0) / record.drafted
+        steps, busy_s = decode_steps(record)
+        if steps > 0 and busy_s > 0:
+            per_token = busy_s / steps
             # Faster down than up: the device's speed is what it can do; a slow block is most
             # often a moment of contention, and while k = 0 only probes measure it.
             rate = DRAFT_SPEEDUP_ALPHA if self.draft_s_per_token is not None and \

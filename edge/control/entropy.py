@@ -12,8 +12,11 @@ hysteresis and a minimum dwell keep the state from flapping:
 drafts k = client.draft_length tokens; in the hard state the strongest rung drafts and k is capped at
 `hard_max_k`, because long blocks are mostly rejected there. In `lossless` mode every block is
 still verified, so the switch changes only speed and cost. In `fast` mode the easy state's
-blocks are emitted unverified (Plan.verify = False); the round loop bounds how many tokens in a
-row go unverified (max_unverified_run), whatever a policy asks for.
+blocks are emitted unverified (Plan.verify = False) up to the first position whose draft top
+probability is below fast_min_confidence; that position goes to the verifier in a round of
+fast_unsure_k draft tokens (0: the target supplies that one token), so in easy text the cloud
+is spent only where the draft is unsure (U-HLM's rule). The round loop bounds how many tokens in
+a row go unverified (max_unverified_run), whatever a policy asks for.
 """
 from __future__ import annotations
 
@@ -58,17 +61,20 @@ class EntropySwitch:
         self.switches = 0
 
     def _check_ladder(self, ladder: Sequence[str]) -> None:
-        for name in (self.config.easy_drafter, self.config.hard_drafter):
+        for name in (self.config.easy_drafter, self.config.hard_drafter, self.config.fast_drafter):
             if name is not None and name not in ladder:
                 raise ValueError(f"drafter {name!r} is not in the ladder {list(ladder)}")
 
-    def drafter(self, state: State, ladder: Sequence[str]) -> str | None:
+    def drafter(self, state: State, ladder: Sequence[str], fast: bool = False) -> str | None:
         """The model for `state`: the configured one, else the cheapest (easy) or the strongest
-        (hard) rung; None when there is no ladder (the loop's default drafter)."""
-        named = self.config.easy_drafter if state == "easy" else self.config.hard_drafter
+        (hard) rung; None when there is no ladder (the loop's default drafter). Easy text of a
+        fast request is emitted as drafted, so by default the strongest rung writes it."""
+        cheap = state == "easy" and not fast
+        named = self.config.hard_drafter if state == "hard" else (
+            self.config.fast_drafter if fast else self.config.easy_drafter)
         if named is not None or not ladder:
             return named
-        return ladder[0] if state == "easy" else ladder[-1]
+        return ladder[0] if cheap else ladder[-1]
 
     @property
     def rolling(self) -> float | None:
@@ -105,8 +111,10 @@ class EntropySwitch:
         k = min(self.k, self.config.hard_max_k) if hard else self.k
         # min_confidence only matters for a skippable block: the loop cuts the unverified span
         # before the first unsure position (see edge/loop.py, fast mode).
-        return Plan(k=min(k, view.max_k), drafter=self.drafter(self.state, ladder), verify=hard,
-                    min_confidence=0.0 if hard else self.config.fast_min_confidence)
+        return Plan(k=min(k, view.max_k), drafter=self.drafter(self.state, ladder, view.fast),
+                    verify=hard,
+                    min_confidence=0.0 if hard else self.config.fast_min_confidence,
+                    unsure_k=None if hard else self.config.fast_unsure_k)
 
     def update(self, record: RoundRecord) -> None:
         """Feed one finished round to the state machine."""

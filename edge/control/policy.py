@@ -43,6 +43,7 @@ class RoundView:
     max_send_ahead: int = 1         # the most blocks the verifier lets be in flight
     drafters: tuple[str, ...] = ()  # local models available ("" = the default one)
     server_load: float = 0.0        # the verifier's share of its session budget in use, 0..1
+    fast: bool = False              # the request is in fast mode: skippable blocks go unverified
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,14 @@ class Plan:
     send_ahead: int = 1             # blocks allowed in flight (edge/pipeline.py)
     draft_ahead: bool = False       # draft the next block while this one is being verified
     cloud_generate: int = 0         # > 0: ask the verifier to generate n tokens itself
+    # Fast mode: the draft length of the verified round the loop forces after an unsure
+    # position (or a full unverified run); None = k. 0 asks the target for just that one
+    # token, so the cloud is spent only where the draft is unsure.
+    unsure_k: int | None = None
 
     def __post_init__(self) -> None:
-        if self.k < 0 or self.send_ahead < 1 or self.cloud_generate < 0:
+        if self.k < 0 or self.send_ahead < 1 or self.cloud_generate < 0 or \
+                (self.unsure_k is not None and self.unsure_k < 0):
             raise ValueError(f"invalid plan {self}")
 
 
