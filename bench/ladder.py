@@ -1,8 +1,8 @@
 """The edge model ladder and fast mode, measured (issue 11): `python -m bench.ladder`.
 
     python -m bench.ladder [--prompts 3] [--max-tokens 32] [--channels lan lte]
-                           [--devices laptop phone] [--thresholds 3 4 5 7]
-                           [--min-confidences 0.15 0.3] [--max-unverified-run 16]
+                           [--devices laptop phone] [--thresholds 4 5.5 7]
+                           [--min-confidences 0.1 0.125 0.15 0.2 0.3] [--max-unverified-run 16]
                            [--json PATH] [--plot PATH] [--markdown]
 
 One in-process verifier (cloud.service on 127.0.0.1, the shipped target), a channel emulator in
@@ -21,7 +21,7 @@ Lossless (every token verified; output must equal the target's own greedy output
      token grows with the weights it reads).
 
 Fast mode (entropy switch, mode fast, one channel and device): per entropy threshold t
-(enter_hard = t, exit_hard = t - 0.5 nats; the rolling entropy below them lets spans go
+(fast_enter_hard = t, fast_exit_hard = t - 0.5 nats; the rolling entropy below them lets spans go
 unverified) and per confidence cut c (fast_min_confidence: within a span a position whose draft
 top probability is below c ends it, and the target is asked for that position's token in a
 round of fast_unsure_k draft tokens):
@@ -136,8 +136,8 @@ def lossless_client(base: ClientConfig, name: str) -> ClientConfig:
 
 
 def fast_client(base: ClientConfig, t: float, cut: float, max_run: int) -> ClientConfig:
-    entropy = EntropySwitchConfig(**{**base.entropy.model_dump(), "enter_hard": t,
-                                     "exit_hard": max(t - HYSTERESIS, 0.0),
+    entropy = EntropySwitchConfig(**{**base.entropy.model_dump(), "fast_enter_hard": t,
+                                     "fast_exit_hard": max(t - HYSTERESIS, 0.0),
                                      "fast_min_confidence": cut})
     return base.model_copy(update={"policy": "entropy", "mode": "fast", "entropy": entropy,
                                    "max_unverified_run": max_run})
@@ -272,8 +272,7 @@ def _fast(edge: EdgeConfig, device: DeviceSpec, profile: ChannelProfile, port: i
         host, proxy_port = proxy.address
         channel = make_channel(edge.cloud, f"{host}:{proxy_port}")
         try:
-            cuts = args.min_confidences or [edge.client.entropy.fast_min_confidence]
-            for cut, t in ((c, t) for c in cuts for t in args.thresholds):
+            for cut, t in ((c, t) for c in args.min_confidences for t in args.thresholds):
                 client = _client(channel, ladder,
                                  fast_client(edge.client, t, cut, args.max_unverified_run))
                 tokens = verified = agree = up = 0
@@ -381,11 +380,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="channel profiles (configs/channels/NAME.yaml)")
     parser.add_argument("--devices", nargs="+", default=["laptop", "phone"],
                         help="device profiles (configs/devices/NAME.yaml)")
-    parser.add_argument("--thresholds", type=float, nargs="+", default=[3.0, 4.0, 5.0, 7.0],
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[4.0, 5.5, 7.0],
                         help="fast mode: entropy thresholds t (nats) of the curve")
     parser.add_argument("--min-confidences", type=float, nargs="+",
-                        help="fast mode: confidence cuts c of the curve (default: the edge "
-                             "config's entropy.fast_min_confidence)")
+                        default=[0.1, 0.125, 0.15, 0.2, 0.3],
+                        help="fast mode: confidence cuts c of the curve")
     parser.add_argument("--max-unverified-run", type=int, default=16,
                         help="fast mode: the requests' bound on unverified runs")
     parser.add_argument("--small", type=Path, default=Path("models/tandem-small"),

@@ -31,6 +31,19 @@ def test_thresholds_switch_both_ways():
     assert s.switches == 2
 
 
+def test_a_fast_generation_uses_its_own_thresholds():
+    """The same entropies: hard for a lossless generation (enter 2.0), easy for a fast one
+    (fast_enter_hard 4.0); each generation picks its pair at its first round."""
+    s = EntropySwitch(config(fast_enter_hard=4.0, fast_exit_hard=3.0), k=4, ladder=LADDER)
+    for fast, expected in ((False, "hard"), (True, "easy"), (False, "hard")):
+        s.plan(RoundView(round=0, generated=0, remaining=64, max_k=8, link_state="up",
+                         sampling=False, history=[], fast=fast))
+        assert s.thresholds == ((4.0, 3.0) if fast else (2.0, 1.0))
+        assert run(s, [[3.0, 3.0]]) == [expected]
+    with pytest.raises(ValidationError, match="fast_exit_hard"):
+        EntropySwitchConfig(fast_enter_hard=1.0, fast_exit_hard=2.0)
+
+
 def test_hysteresis_band_holds_the_state():
     """Between exit_hard and enter_hard nothing changes, whichever state we are in."""
     s = EntropySwitch(config(), k=4, ladder=LADDER)

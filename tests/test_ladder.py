@@ -116,7 +116,8 @@ def test_lossless_switching_samples_follow_the_target(verifier, ladder, prompt_i
 def test_fast_mode_marks_tokens_and_honours_the_unverified_bound(
         verifier, ladder, prompt_ids, reference, target_runtime):
     # Never hard and never unsure: every block it can skip, it skips, up to the bound.
-    permissive = EntropySwitchConfig(enter_hard=20.0, exit_hard=20.0, start_state="easy",
+    permissive = EntropySwitchConfig(enter_hard=20.0, exit_hard=20.0, fast_enter_hard=20.0,
+                                     fast_exit_hard=20.0, start_state="easy",
                                      fast_min_confidence=0.0)
     client = switching_client(verifier, ladder, entropy=permissive, mode="fast",
                               max_unverified_run=16)
@@ -150,7 +151,8 @@ def test_fast_mode_sends_only_unsure_positions_to_the_verifier(
     the unsure position's token alone, one verified token per round); verified tokens are the
     target's greedy choice."""
     cut = 0.3
-    entropy = EntropySwitchConfig(enter_hard=20.0, exit_hard=20.0, start_state="easy",
+    entropy = EntropySwitchConfig(enter_hard=20.0, exit_hard=20.0, fast_enter_hard=20.0, fast_exit_hard=20.0,
+                                     start_state="easy",
                                   fast_min_confidence=cut, fast_unsure_k=unsure_k)
     client = switching_client(verifier, ladder, entropy=entropy, mode="fast", max_unverified_run=16)
     ids = prompt_ids[5]
@@ -209,7 +211,8 @@ def test_daemon_keeps_the_ladder_loaded_and_reports_the_verified_share(
         ladder=[LadderModelConfig(name="small", model_path=small_dir / "tandem-small-f32.gguf",
                                   n_ctx=512, threads=1)],
         client=ClientConfig(policy="entropy", draft_length=4, entropy=EntropySwitchConfig(
-            enter_hard=20.0, exit_hard=20.0, start_state="easy", fast_min_confidence=0.0)),
+            enter_hard=20.0, exit_hard=20.0, fast_enter_hard=20.0, fast_exit_hard=20.0,
+            start_state="easy", fast_min_confidence=0.0)),
         daemon=DaemonConfig(port=0, pool_size=1, max_tokens_limit=64, max_prompt_tokens=400))
     body = {"model": "tandem-draft", "prompt": heldout_prompts[0][-300:], "max_tokens": 24,
             "temperature": 0, "ignore_eos": True}

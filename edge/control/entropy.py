@@ -8,7 +8,8 @@ hysteresis and a minimum dwell keep the state from flapping:
     easy --(rolling >= enter_hard and dwell >= min_dwell_rounds)--> hard
     hard --(rolling <= exit_hard  and dwell >= min_dwell_rounds)--> easy
 
-(dwell = rounds since the last switch). In the easy state the cheapest rung of the ladder
+(dwell = rounds since the last switch; a fast request uses the pair fast_enter_hard /
+fast_exit_hard). In the easy state the cheapest rung of the ladder
 drafts k = client.draft_length tokens; in the hard state the strongest rung drafts and k is capped at
 `hard_max_k`, because long blocks are mostly rejected there. In `lossless` mode every block is
 still verified, so the switch changes only speed and cost. In `fast` mode the easy state's
@@ -54,7 +55,8 @@ class EntropySwitch:
             self._check_ladder(self.ladder)
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, fast: bool = False) -> None:
+        self.fast = fast                                 # a fast request: its own thresholds
         self.state: State = self.config.start_state
         self.dwell = 0                                   # rounds since the last switch
         self.window: deque[float] = deque(maxlen=self.config.window)
@@ -81,6 +83,12 @@ class EntropySwitch:
         """Mean entropy over the window, None before any drafted position."""
         return sum(self.window) / len(self.window) if self.window else None
 
+    @property
+    def thresholds(self) -> tuple[float, float]:
+        """(enter hard, leave hard) in nats for this generation's mode."""
+        c = self.config
+        return (c.fast_enter_hard, c.fast_exit_hard) if self.fast else (c.enter_hard, c.exit_hard)
+
     def observe(self, entropies: Sequence[float]) -> State:
         """One round's per-position draft entropies in; the state for the next round out."""
         self.window.extend(e for e in entropies if math.isfinite(e))
@@ -88,9 +96,10 @@ class EntropySwitch:
         rolling = self.rolling
         if rolling is None or self.dwell < self.config.min_dwell_rounds:
             return self.state
-        if self.state == "easy" and rolling >= self.config.enter_hard:
+        enter, leave = self.thresholds
+        if self.state == "easy" and rolling >= enter:
             self._switch("hard")
-        elif self.state == "hard" and rolling <= self.config.exit_hard:
+        elif self.state == "hard" and rolling <= leave:
             self._switch("easy")
         return self.state
 
@@ -103,7 +112,7 @@ class EntropySwitch:
 
     def plan(self, view: RoundView) -> Plan:
         if view.round == 0:
-            self.reset()
+            self.reset(fast=view.fast)
         ladder = self.ladder or tuple(d for d in view.drafters if d)
         if self.ladder is None and ladder:
             self._check_ladder(ladder)
