@@ -184,6 +184,24 @@ def test_unknown_fields_are_ignored_with_a_warning(client, caplog):
     assert info.value.body["param"] == "frequency_penalty"
 
 
+def test_strict_mode_refuses_unknown_fields_naming_them(verifier, gguf_path, draft_dir):
+    config = EdgeConfig(
+        cloud=CloudLinkConfig(address=f"127.0.0.1:{verifier}"),
+        draft=DraftConfig(backend="llama.cpp", model_path=gguf_path, tokenizer_dir=draft_dir,
+                          n_ctx=512, threads=1),
+        daemon=DaemonConfig(port=0, pool_size=1, strict_openai=True))
+    with DaemonThread(load_engine(config)) as strict:
+        client = openai.OpenAI(base_url=strict.url + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model=MODEL, prompt="def f(", max_tokens=4,
+                                      extra_body={"some_vendor_knob": 3})
+        assert info.value.body["param"] == "some_vendor_knob"
+        assert "some_vendor_knob" in info.value.body["message"]
+        out = client.completions.create(model=MODEL, prompt="def f(", max_tokens=4,
+                                        temperature=0, extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 4
+
+
 def test_several_prompts_give_one_choice_each(client):
     prompts = ["def add(a, b):", "import os\n"]
     batch = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0)
