@@ -248,6 +248,25 @@ def test_litellm_shaped_streaming_chat(http):
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[-1]["usage"]["completion_tokens"] >= 1 and chunks[-1]["choices"] == []
+    content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert content and all(c["usage"] is None for c in content)
+    assert all(c["tandem"] == {"verified": True, "link_state": "up"} for c in content)
+
+
+def test_continuous_usage_stats_put_usage_so_far_in_every_chunk(http):
+    body = {"model": MODEL, "prompt": "def fib(n):\n", "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: {")]
+    chunks = [json.loads(e) for e in events]
+    content = [c for c in chunks if c["choices"] and c["choices"][0]["text"]]
+    counts = [c["usage"]["completion_tokens"] for c in content]
+    assert counts == sorted(counts) and 1 <= counts[0] and counts[-1] <= 24
+    prompt_tokens = chunks[-1]["usage"]["prompt_tokens"]
+    assert all(c["usage"]["prompt_tokens"] == prompt_tokens and c["usage"]["total_tokens"]
+               == prompt_tokens + c["usage"]["completion_tokens"] for c in content)
+    assert chunks[-1]["usage"]["completion_tokens"] == 24 and chunks[-1]["choices"] == []
 
 
 def test_langchain_shaped_chat_with_tools(http):

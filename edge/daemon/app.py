@@ -181,7 +181,8 @@ def create_app(engine: Engine) -> FastAPI:
             first = engine.stream(jobs[0][0])  # admitted now: an overload is still a 503
             streams = [lambda: first] + [partial(engine.stream, job) for job, _ in jobs[1:]]
             events = completion_events(streams, req.model, req.include_usage_chunk, echoes,
-                                       on_done=lambda n: _note_tokens(request, n))
+                                       on_done=lambda n: _note_tokens(request, n),
+                                       continuous_usage=req.continuous_usage)
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
         outs = await asyncio.gather(*(engine.complete(job) for job, _ in jobs))
         _note_tokens(request, sum(out.completion_tokens for out in outs))
@@ -194,7 +195,8 @@ def create_app(engine: Engine) -> FastAPI:
         job = await run_in_threadpool(engine.chat_job, req)
         if req.stream:
             events = chat_events(engine.stream(job), req.model, req.include_usage_chunk,
-                                 on_done=lambda n: _note_tokens(request, n))
+                                 on_done=lambda n: _note_tokens(request, n),
+                                 continuous_usage=req.continuous_usage)
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
         out = await engine.complete(job)
         _note_tokens(request, out.completion_tokens)

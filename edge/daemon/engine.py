@@ -60,6 +60,7 @@ class TextDelta:
     text: str
     verified: bool
     link_state: str
+    tokens: int = 0     # completion tokens emitted so far (continuous usage stats)
 
 
 OnText = Callable[[TextDelta], None]
@@ -291,7 +292,8 @@ class Engine:
             if text:
                 emitted.text.append(text)
                 if on_text is not None:
-                    on_text(TextDelta(text, emitted.pending_verified, self.link_state))
+                    on_text(TextDelta(text, emitted.pending_verified, self.link_state,
+                                      len(emitted.token_ids)))
                 emitted.pending_verified = True
 
         def on_tokens(ids: list[int], verified: list[bool]) -> bool:
@@ -450,6 +452,7 @@ class TextStream:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._halt = threading.Event()
+        self.prompt_tokens = len(job.prompt_ids)
         self._future = engine.submit(job, self._on_text, self._halt)
         # Runs after the worker's last on_text, and call_soon_threadsafe keeps their order.
         self._future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._queue.put_nowait, None))

@@ -169,12 +169,18 @@ class _Request(BaseModel):
     def include_usage_chunk(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's stream_options.continuous_usage_stats: usage so far in every content chunk
+        (only together with include_usage, as there)."""
+        return self.include_usage_chunk and bool(self.stream_options.continuous_usage_stats)
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool | None = False
-    continuous_usage_stats: bool | None = Field(False, description="accepted; usage comes in "
-                                                                   "the last chunk")
+    continuous_usage_stats: bool | None = Field(False, description="with include_usage: "
+                                                                   "usage so far in every chunk")
 
 
 class CompletionRequest(_Request):

@@ -65,14 +65,21 @@ def delta_stats(delta: TextDelta) -> TandemDelta:
     return TandemDelta(verified=delta.verified, link_state=delta.link_state)
 
 
+def usage_so_far(stream: TextStream, delta: TextDelta) -> Usage:
+    return Usage(prompt_tokens=stream.prompt_tokens, completion_tokens=delta.tokens,
+                 total_tokens=stream.prompt_tokens + delta.tokens)
+
+
 async def completion_events(streams: Sequence[Callable[[], TextStream]], model: str,
                             include_usage: bool, echo_texts: Sequence[str] = (),
-                            on_done: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
+                            on_done: Callable[[int], None] | None = None,
+                            continuous_usage: bool = False) -> AsyncIterator[bytes]:
     """SSE chunks of /v1/completions: for each prompt in turn (choice `index`), text deltas
-    (each with its TandemDelta: verified or not, and the link state),
-    then a chunk with finish_reason and the `tandem` stats; then (stream_options.include_usage)
-    a usage chunk with no choices. `streams` start their generation when called (the first
-    one should already be admitted, so an overload is still an HTTP status)."""
+    (each with its TandemDelta: verified or not, and the link state), then a chunk with
+    finish_reason and the `tandem` stats; then (stream_options.include_usage) a usage chunk
+    with no choices (continuous_usage: usage so far in every content chunk too). `streams`
+    start their generation when called (the first one should already be admitted, so an
+    overload is still an HTTP status)."""
     cid, created = new_id("cmpl"), int(time.time())
     echoes = list(echo_texts) or [""] * len(streams)
     outs: list[GenerationOutput] = []
@@ -98,7 +105,8 @@ async def completion_events(streams: Sequence[Callable[[], TextStream]], model: 
                 failed = True
                 break
             if isinstance(item, TextDelta):
-                yield chunk(text(item.text), tandem=delta_stats(item))
+                yield chunk(text(item.text), tandem=delta_stats(item),
+                            usage=usage_so_far(stream, item) if continuous_usage else None)
                 continue
             outs.append(item)
             yield chunk(text("", item.finish_reason), tandem=item.stats)
@@ -112,7 +120,8 @@ async def completion_events(streams: Sequence[Callable[[], TextStream]], model: 
 
 
 async def chat_events(stream: TextStream, model: str, include_usage: bool,
-                      on_done: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
+                      on_done: Callable[[int], None] | None = None,
+                      continuous_usage: bool = False) -> AsyncIterator[bytes]:
     """SSE chunks of /v1/chat/completions: a role chunk, content deltas, a chunk with
     finish_reason and the `tandem` stats, then (include_usage) a usage chunk with no choices.
     Content chunks carry a TandemDelta: verified or not, and the link state."""
@@ -128,7 +137,8 @@ async def chat_events(stream: TextStream, model: str, include_usage: bool,
             break
         if isinstance(item, TextDelta):
             yield chunk([ChatChunkChoice(delta=ChatDelta(content=item.text))],
-                        tandem=delta_stats(item))
+                        tandem=delta_stats(item),
+                        usage=usage_so_far(stream, item) if continuous_usage else None)
             continue
         yield chunk([ChatChunkChoice(delta=ChatDelta(), finish_reason=item.finish_reason)], tandem=item.stats)
         if include_usage:
