@@ -34,13 +34,18 @@ class Block:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def head(self, n: int) -> "Block":
-        """The first n positions (the draft cursor rolls back to the context on its next
-        draft, as after a rejection)."""
+    def head(self, n: int, end_reason: str = "length") -> "Block":
+        """The first n positions, the block ending for `end_reason` when cut (the draft cursor
+        rolls back to the context on its next draft, as after a rejection)."""
         if n >= len(self.tokens):
             return self
         return replace(self, tokens=self.tokens[:n], q=self.q[:n], confidences=self.confidences[:n],
-                       entropies=self.entropies[:n], end_reason="confidence")
+                       entropies=self.entropies[:n], end_reason=end_reason)
+
+    def tail(self, start: int) -> "Block":
+        """The block without its first `start` positions."""
+        return replace(self, tokens=self.tokens[start:], q=self.q[start:],
+                       confidences=self.confidences[start:], entropies=self.entropies[start:])
 
 
 def draft_seed(seed: int) -> int:

@@ -209,7 +209,7 @@ class Generation:
             # the plan's unsure_k first tokens of it, in fast mode).
             plan = replace(plan, verify=True)
             if plan.unsure_k is not None:
-                block = block.head(plan.unsure_k)
+                block = block.head(plan.unsure_k, end_reason="confidence")
                 k = len(block)
         if not plan.verify:
             self.force_verify = block.end_reason == "confidence"

@@ -36,20 +36,6 @@ if TYPE_CHECKING:
     from edge.loop import Generation
 
 
-def tail(block: Block, start: int) -> Block:
-    """The block without its first `start` tokens (and their q, confidences, entropies)."""
-    return replace(block, tokens=block.tokens[start:], q=block.q[start:],
-                   confidences=block.confidences[start:], entropies=block.entropies[start:])
-
-
-def head(block: Block, k: int) -> Block:
-    if len(block) <= k:
-        return block
-    return replace(block, tokens=block.tokens[:k], q=block.q[:k],
-                   confidences=block.confidences[:k], entropies=block.entropies[:k],
-                   end_reason="length")
-
-
 @dataclass
 class _Ahead:
     start: int      # the context length this block follows (after the guessed bonus token)
@@ -78,7 +64,7 @@ class Pipeline:
         gen = self.gen
         if ahead is None or ahead.start != len(gen.context) or k == 0:
             return None
-        block = head(ahead.block, k)
+        block = ahead.block.head(k)
         if len(block) < k and block.end_reason == "length":
             more = gen._draft_after(gen.context + block.tokens, k - len(block), plan)
             block = replace(block, tokens=block.tokens + more.tokens, q=block.q + more.q,
@@ -116,7 +102,7 @@ class Pipeline:
             if not drafted.tokens:
                 break
             last.guess = drafted.tokens[0]
-            following = tail(drafted, 1)
+            following = drafted.tail(1)
             start = len(prefix) + 1
             if len(chain) < w and len(following) > 0:
                 chain.append(self._send(following, next_k, plan, t_ahead, start, last.guess,
