@@ -145,6 +145,12 @@ class EntropySwitchConfig(Settings):
         0, ge=0, le=64, description="fast mode: draft tokens in the verified round that follows "
                                     "an unsure position; 0 asks the target for that one token, "
                                     "so the cloud verifies only where the draft is unsure")
+    explore_every: int = Field(8, ge=0, le=1000,
+                               description="choose each state's rung by its measured speed "
+                                           "(committed tokens per second of draft + round trip), "
+                                           "trying the other rungs every this many rounds in the "
+                                           "state; 0 = fixed: cheapest rung in easy text, "
+                                           "strongest in hard")
     easy_drafter: str | None = Field(None, description="ladder model that drafts easy text; "
                                                        "None = the first (cheapest) rung")
     hard_drafter: str | None = Field(None, description="ladder model that drafts hard text; "

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from edge.config import ClientConfig, EntropySwitchConfig
 from edge.control.entropy import EntropySwitch
 from edge.control.policy import RoundView, make_policy
+from edge.rounds import RoundRecord
 
 LADDER = ("draft", "small")
 
@@ -121,3 +122,46 @@ def test_registered_by_name_and_built_from_the_client_config():
     policy = make_policy("entropy", client)
     assert isinstance(policy, EntropySwitch) and policy.k == 5
     assert policy.plan(view(round_=0)).drafter == "small"
+
+
+def drive(switch: EntropySwitch, rounds: int, entropy: float, s_per_token: dict[str, float],
+          committed: dict[str, int], rtt_s: float) -> list[str]:
+    """Plan and feed `rounds` rounds whose speed depends on the rung: k draft tokens at the
+    rung's seconds per token plus one round trip, committing the rung's tokens per round."""
+    chosen = []
+    for i in range(rounds):
+        plan = switch.plan(RoundView(round=i, generated=0, remaining=10_000, max_k=8,
+                                     link_state="up", sampling=False, history=[],
+                                     drafters=LADDER))
+        chosen.append(plan.drafter)
+        switch.update(RoundRecord(index=i, k_asked=plan.k, drafted=plan.k, accepted=0,
+                                  mode="verify", verified=True, drafter=plan.drafter,
+                                  committed=committed[plan.drafter],
+                                  draft_s=s_per_token[plan.drafter] * plan.k, rtt_s=rtt_s,
+                                  entropies=[entropy] * plan.k))
+    return chosen
+
+
+def test_each_state_keeps_the_rung_measured_fastest_and_keeps_trying_the_others():
+    """A phone-speed device on a short link: the strong rung commits more per round but drafts
+    2.5x slower, so even hard text goes to the cheap rung after the first measurements; a fast
+    device on a long link keeps the strong rung even in easy text. Every 8th round of a state
+    tries another rung, so a change of conditions is noticed."""
+    slow_short = EntropySwitch(config(explore_every=8, start_state="hard"), k=4, ladder=LADDER)
+    hard = drive(slow_short, 64, 5.0, {"draft": 0.025, "small": 0.0625},
+                 {"draft": 3, "small": 4}, rtt_s=0.02)
+    assert hard[0] == "small"                       # the fixed rule until measured
+    later = hard[16:]
+    assert later.count("draft") >= 0.8 * len(later)
+    assert "small" in later                          # still tried now and then
+    fast_long = EntropySwitch(config(explore_every=8), k=4, ladder=LADDER)
+    easy = drive(fast_long, 64, 0.1, {"draft": 0.001, "small": 0.0025},
+                 {"draft": 3, "small": 4}, rtt_s=0.1)
+    assert easy[0] == "draft"
+    assert easy[16:].count("small") >= 0.8 * len(easy[16:])
+
+
+def test_fixed_rungs_without_measuring():
+    switch = EntropySwitch(config(explore_every=0, start_state="hard"), k=4, ladder=LADDER)
+    assert set(drive(switch, 20, 5.0, {"draft": 0.025, "small": 0.0625},
+                     {"draft": 3, "small": 4}, rtt_s=0.02)) == {"small"}

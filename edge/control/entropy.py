@@ -18,6 +18,14 @@ probability is below fast_min_confidence; that position goes to the verifier in 
 fast_unsure_k draft tokens (0: the target supplies that one token), so in easy text the cloud
 is spent only where the draft is unsure (U-HLM's rule). The round loop bounds how many tokens in
 a row go unverified (max_unverified_run), whatever a policy asks for.
+
+Which rung drafts a state's text (lossless requests, no rung named in the config): the one
+measured fastest in that state — committed tokens per second of drafting plus round trip,
+an EWMA per (state, rung) kept across the client's generations, since it describes the device
+and the link more than the text — with each other rung tried every `explore_every` rounds in
+the state. A slow device on a short link then keeps the cheap rung even in hard text, a fast
+one on a long link the strong rung even in easy text. Until a rung was measured the fixed rule
+holds (cheapest in easy text, strongest in hard).
 """
 from __future__ import annotations
 
@@ -30,6 +38,7 @@ from edge.control.policy import Plan, RoundView, register_policy
 from edge.rounds import RoundRecord
 
 State = SwitchState
+SPEED_ALPHA = 0.2  # EWMA weight of a round's measured speed (tokens per second)
 
 
 class EntropySwitch:
@@ -54,6 +63,10 @@ class EntropySwitch:
         if self.ladder is not None:
             self._check_ladder(self.ladder)
         self.reset()
+        # Measured speed per (state, rung), across generations (see the module docstring).
+        self.speed: dict[tuple[State, str], float] = {}
+        self.state_rounds: dict[State, int] = {"easy": 0, "hard": 0}
+        self._planned: tuple[State, str | None] | None = None
 
     def reset(self, fast: bool = False) -> None:
         self.fast = fast                                 # a fast request: its own thresholds
@@ -68,15 +81,28 @@ class EntropySwitch:
                 raise ValueError(f"drafter {name!r} is not in the ladder {list(ladder)}")
 
     def drafter(self, state: State, ladder: Sequence[str], fast: bool = False) -> str | None:
-        """The model for `state`: the configured one, else the cheapest (easy) or the strongest
-        (hard) rung; None when there is no ladder (the loop's default drafter). Easy text of a
-        fast request is emitted as drafted, so by default the strongest rung writes it."""
-        cheap = state == "easy" and not fast
+        """The model for `state`: the configured one; else, for easy text of a fast request
+        (emitted as drafted), the strongest rung; else the rung measured fastest in this state
+        (see the module docstring), the cheapest (easy) or the strongest (hard) until one is
+        measured. None when there is no ladder (the loop's default drafter)."""
         named = self.config.hard_drafter if state == "hard" else (
             self.config.fast_drafter if fast else self.config.easy_drafter)
         if named is not None or not ladder:
             return named
-        return ladder[0] if cheap else ladder[-1]
+        fixed = ladder[0] if state == "easy" and not fast else ladder[-1]
+        if (fast and state == "easy") or self.config.explore_every == 0 or len(ladder) < 2:
+            return fixed
+        return self._measured_choice(state, ladder, fixed)
+
+    def _measured_choice(self, state: State, ladder: Sequence[str], fixed: str) -> str:
+        self.state_rounds[state] += 1
+        if self.state_rounds[state] % self.config.explore_every == 0:
+            # Try the rung this state has measured least recently: one not measured yet first.
+            tries = self.state_rounds[state] // self.config.explore_every
+            others = [r for r in ladder if (state, r) not in self.speed] or list(ladder)
+            return others[tries % len(others)]
+        measured = {r: self.speed[(state, r)] for r in ladder if (state, r) in self.speed}
+        return max(measured, key=measured.get) if measured else fixed
 
     @property
     def rolling(self) -> float | None:
@@ -120,13 +146,22 @@ class EntropySwitch:
         k = min(self.k, self.config.hard_max_k) if hard else self.k
         # min_confidence only matters for a skippable block: the loop cuts the unverified span
         # before the first unsure position (see edge/loop.py, fast mode).
-        return Plan(k=min(k, view.max_k), drafter=self.drafter(self.state, ladder, view.fast),
-                    verify=hard,
+        drafter = self.drafter(self.state, ladder, view.fast)
+        self._planned = (self.state, drafter)
+        return Plan(k=min(k, view.max_k), drafter=drafter, verify=hard,
                     min_confidence=0.0 if hard else self.config.fast_min_confidence,
                     unsure_k=None if hard else self.config.fast_unsure_k)
 
     def update(self, record: RoundRecord) -> None:
-        """Feed one finished round to the state machine."""
+        """Feed one finished round to the rung speeds and the state machine."""
+        planned, self._planned = self._planned, None
+        seconds = record.draft_s + record.send_s + record.rtt_s
+        if planned is not None and planned[1] and record.mode == "verify" and record.verified \
+                and record.drafted > 0 and seconds > 0:
+            key = planned
+            rate = record.committed / seconds
+            old = self.speed.get(key)
+            self.speed[key] = rate if old is None else old + SPEED_ALPHA * (rate - old)
         self.observe(record.entropies)
 
 
