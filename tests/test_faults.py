@@ -480,6 +480,42 @@ def test_daemon_stream_flags_every_delta_through_a_stall(verifier, draft_dir, gg
     assert stats["unverified_tokens"] > 0 and stats["verified_tokens"] >= first_local
 
 
+def test_keepalive_notices_a_silent_peer_with_no_call_in_flight(verifier):
+    """A connection whose peer stops answering while the kernel still holds its socket (what a
+    NAT that dropped the mapping, or a hung host, looks like; here SIGSTOP) is torn down by the
+    edge channel's keepalive within keepalive_s + keepalive_timeout_s + 5 s, with
+    no call in flight, so the next request does not wait on a dead connection."""
+    from tandem.v1 import decoding_pb2_grpc as pb_grpc
+
+    keepalive_s, timeout_s, margin_s = 10.0, 2.0, 5.0
+    channel = make_channel(CloudLinkConfig(keepalive_s=keepalive_s, keepalive_timeout_s=timeout_s),
+                           verifier.address)
+    ready, left_ready = threading.Event(), threading.Event()
+
+    def watch(state: grpc.ChannelConnectivity) -> None:
+        if state == grpc.ChannelConnectivity.READY:
+            ready.set()
+        elif ready.is_set():
+            left_ready.set()
+
+    try:
+        pb_grpc.DecodingStub(channel).Info(pb.InfoRequest(), timeout=10)
+        channel.subscribe(watch)
+        assert ready.wait(5), "the channel never reported READY"
+        verifier.signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            noticed = left_ready.wait(keepalive_s + timeout_s + margin_s)
+            took = time.monotonic() - stopped
+        finally:
+            verifier.signal(signal.SIGCONT)
+        print(f"keepalive: the silent connection was dropped {took:.1f} s after the peer stopped")
+        assert noticed, f"still READY {took:.1f} s after the peer stopped answering"
+    finally:
+        channel.unsubscribe(watch)
+        channel.close()
+
+
 def test_sigkill_restart_waits_verified_then_a_different_target_is_refused(
         verifier, prompt_ids, reference, draft_dir, gguf_path, onnx_path):
     """offline "wait": a verifier killed mid-stream and restarted on the same port; the stream
