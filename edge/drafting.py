@@ -116,10 +116,13 @@ class DraftCursor:
         Only ids below vocab_size are drafted (a draft with a padded vocabulary must not propose
         ids the target does not have). Feeds k - 1 tokens: the last one needs no logits.
         """
+        if k == 0:
+            # Nothing to draft: leave the cache behind rather than feed it a token now (a
+            # decode step on a slow device); the next draft catches up in one prefill.
+            return Block(end_reason="zero")
         t0 = time.perf_counter()
         fed = self.sync(context)
-        block = Block(end_reason="length" if k > 0 else "zero",
-                      sync_s=time.perf_counter() - t0, sync_tokens=fed)
+        block = Block(sync_s=time.perf_counter() - t0, sync_tokens=fed)
         for i in range(k):
             logits = self.next_logits[:vocab_size]
             confidence, entropy = confidence_entropy(logits)

@@ -248,10 +248,6 @@ class Generation:
         return self._draft(k, plan, context=prefix)
 
     def _draft(self, k: int, plan: Plan, context: list[int] | None = None) -> Block:
-        if k == 0:
-            # Nothing to draft: leave the draft's cache behind rather than feed it a token now
-            # (a decode step on a slow device); its next draft catches up in one prefill.
-            return Block(end_reason="zero")
         cursor = self.cursors.get(plan.drafter or DEFAULT_DRAFTER, self.cursor)
         vocab = cursor.runtime.vocab_size
         max_entries = plan.q_entries or self.config.max_q_entries
