@@ -66,7 +66,6 @@ class EntropySwitch:
         # Measured speed per (state, rung), across generations (see the module docstring).
         self.speed: dict[tuple[State, str], float] = {}
         self.state_rounds: dict[State, int] = {"easy": 0, "hard": 0}
-        self._planned: tuple[State, str | None] | None = None
 
     def reset(self, fast: bool = False) -> None:
         self.fast = fast                                 # a fast request: its own thresholds
@@ -146,19 +145,18 @@ class EntropySwitch:
         k = min(self.k, self.config.hard_max_k) if hard else self.k
         # min_confidence only matters for a skippable block: the loop cuts the unverified span
         # before the first unsure position (see edge/loop.py, fast mode).
-        drafter = self.drafter(self.state, ladder, view.fast)
-        self._planned = (self.state, drafter)
-        return Plan(k=min(k, view.max_k), drafter=drafter, verify=hard,
+        return Plan(k=min(k, view.max_k), drafter=self.drafter(self.state, ladder, view.fast),
+                    verify=hard,
                     min_confidence=0.0 if hard else self.config.fast_min_confidence,
                     unsure_k=None if hard else self.config.fast_unsure_k)
 
     def update(self, record: RoundRecord) -> None:
-        """Feed one finished round to the rung speeds and the state machine."""
-        planned, self._planned = self._planned, None
+        """Feed one finished round to the rung speeds and the state machine. The state is still
+        the one the round was planned in: only observe() below moves it."""
         seconds = record.draft_s + record.send_s + record.rtt_s
-        if planned is not None and planned[1] and record.mode == "verify" and record.verified \
+        if record.drafter and record.mode == "verify" and record.verified \
                 and record.drafted > 0 and seconds > 0:
-            key = planned
+            key = (self.state, record.drafter)
             rate = record.committed / seconds
             old = self.speed.get(key)
             self.speed[key] = rate if old is None else old + SPEED_ALPHA * (rate - old)
