@@ -27,9 +27,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
+def token_usage(prompt: int, completion: int) -> Usage:
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
 def usage(out: GenerationOutput) -> Usage:
-    return Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
-                 total_tokens=out.prompt_tokens + out.completion_tokens)
+    return token_usage(out.prompt_tokens, out.completion_tokens)
 
 
 def completion_response(outs: Sequence[GenerationOutput], model: str,
@@ -48,10 +51,8 @@ def completion_response(outs: Sequence[GenerationOutput], model: str,
 
 
 def total_usage(outs: Sequence[GenerationOutput]) -> Usage:
-    prompt = sum(out.prompt_tokens for out in outs)
-    completion = sum(out.completion_tokens for out in outs)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion,
-                 total_tokens=prompt + completion)
+    return token_usage(sum(out.prompt_tokens for out in outs),
+                       sum(out.completion_tokens for out in outs))
 
 
 def chat_response(out: GenerationOutput, model: str) -> ChatCompletionResponse:
@@ -66,8 +67,7 @@ def delta_stats(delta: TextDelta) -> TandemDelta:
 
 
 def usage_so_far(stream: TextStream, delta: TextDelta) -> Usage:
-    return Usage(prompt_tokens=stream.prompt_tokens, completion_tokens=delta.tokens,
-                 total_tokens=stream.prompt_tokens + delta.tokens)
+    return token_usage(stream.prompt_tokens, delta.tokens)
 
 
 async def completion_events(streams: Sequence[Callable[[], TextStream]], model: str,
