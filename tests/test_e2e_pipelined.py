@@ -18,6 +18,7 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
 
 from edge.client import EdgeClient, GenerationRequest
 from edge.config import ClientConfig
+from edge.control.adaptive import AdaptivePolicy
 from edge.control.policy import FixedK, Plan, RoundView
 from edge.rounds import RoundRecord
 from tandem.sampling import SamplingParams, warp
@@ -50,6 +51,9 @@ POLICIES = {
     "send-ahead-2": lambda: FixedK(4, draft_ahead=True, send_ahead=2),
     "send-ahead-3-k2": lambda: FixedK(2, send_ahead=3),
     "switching": Switching,
+    # The adaptive controller itself, pipelining allowed: it picks k, draft-ahead and send-ahead.
+    "adaptive-pipelined": lambda: AdaptivePolicy(ClientConfig(policy="adaptive", draft_ahead=True,
+                                                              send_ahead=4)),
 }
 
 
@@ -109,11 +113,18 @@ def _spread_prompt(model, prompts, params) -> tuple[list[int], dict]:
     raise AssertionError("no held-out prompt with a spread-out 3-token law")
 
 
-@pytest.mark.parametrize("name", ["send-ahead-2-k1", "switching"])
+SAMPLED_POLICIES = {
+    "send-ahead-2-k1": lambda: FixedK(1, draft_ahead=True, send_ahead=2),
+    "switching": Switching,
+    "adaptive-pipelined": POLICIES["adaptive-pipelined"],
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLED_POLICIES))
 def test_sampled_output_follows_the_targets_law(name, verifier, draft, prompt_ids, reference):
     params = SamplingParams(temperature=1.0, top_k=3, seed=0)
     ids, law = _spread_prompt(reference.model, prompt_ids[100:130], params)
-    policy = Switching() if name == "switching" else FixedK(1, draft_ahead=True, send_ahead=2)
+    policy = SAMPLED_POLICIES[name]()
     client = client_with(verifier, draft, policy, max_q_entries=16)
     n = 240
     counts: dict[tuple, int] = {}
@@ -140,8 +151,10 @@ def test_sampled_output_follows_the_targets_law(name, verifier, draft, prompt_id
     print(f"{name}: chi-square p = {pvalue:.3f} over {len(observed)} bins; "
           f"ahead blocks verified in {ahead_used}/{n} runs, modes switched in {switched}")
     assert pvalue > 1e-3
-    # the runs did what the variant is about: blocks verified ahead, or a switch of modes
-    assert (switched if name == "switching" else ahead_used) > 0
+    # the runs did what the variant is about: blocks verified ahead, or a switch of modes (the
+    # adaptive controller chooses for itself whether either pays)
+    if name != "adaptive-pipelined":
+        assert (switched if name == "switching" else ahead_used) > 0
 
 
 def test_seeded_sampling_with_send_ahead_is_reproducible(verifier, draft, prompt_ids):

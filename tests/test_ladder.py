@@ -70,6 +70,31 @@ def switching_client(port: int, ladder, policy=None, **config) -> EdgeClient:
                       drafters={"small": ladder["small"]})
 
 
+def first_token_law(client: EdgeClient, context: list[int], target_runtime,
+                    n: int = 150) -> tuple[float, set[str]]:
+    """Chi-square p-value of the first emitted token over n seeds against the target's warped
+    p (temperature 1, top-k 8), and the rungs that drafted. One round each (max_tokens 2:
+    k = 1): seconds, yet a wrong q shows. Fails at once on a token the target cannot emit."""
+    params = SamplingParams(temperature=1.0, top_k=8)
+    with torch.inference_mode():
+        logits = target_runtime.score(target_runtime.new_state(), context)[-1]
+    p = warp(logits[None], params)[0].double().numpy()
+    first, drafters = [], set()
+    for seed in range(n):
+        result = client.generate(GenerationRequest(
+            context, 2, sampling=SamplingParams(temperature=1.0, top_k=8, seed=seed)))
+        first.append(result.token_ids[0])
+        drafters |= {r.drafter for r in result.rounds_log}
+    first = np.array(first)
+    assert (p[first] > 0).all(), "emitted a token the target gives probability 0"
+    support = np.flatnonzero(p * n >= 5)
+    observed = np.array([(first == t).sum() for t in support] + [(~np.isin(first, support)).sum()])
+    expected = np.append(p[support], 1 - p[support].sum()) * n
+    keep = expected > 0
+    return float(stats.chisquare(observed[keep], expected[keep] * observed[keep].sum()
+                                 / expected[keep].sum()).pvalue), drafters
+
+
 def test_lossless_switching_is_greedy_identical(verifier, ladder, prompt_ids, reference):
     client = switching_client(verifier, ladder, policy=Alternate())
     fed = {name: 0 for name in ladder}
@@ -95,22 +120,26 @@ def test_lossless_switching_samples_follow_the_target(verifier, ladder, prompt_i
     """The first emitted token over many seeds from a switching client, against the target's
     warped p (chi-square). Each generation's first block is drafted by whichever rung the
     previous generation left off on, so both rungs' q are tested."""
-    params = SamplingParams(temperature=1.0, top_k=8)
-    context = prompt_ids[3]
-    with torch.inference_mode():
-        logits = target_runtime.score(target_runtime.new_state(), context)[-1]
-    p = warp(logits[None], params)[0].double().numpy()
     client = switching_client(verifier, ladder, policy=Alternate())
-    n = 150  # one round each (max_tokens 2: k = 1): seconds, yet a wrong q shows
-    first = np.array([client.generate(GenerationRequest(
-        context, 2, sampling=SamplingParams(temperature=1.0, top_k=8, seed=seed))).token_ids[0]
-        for seed in range(n)])
-    assert (p[first] > 0).all(), "emitted a token the target gives probability 0"
-    support = np.flatnonzero(p * n >= 5)
-    observed = np.array([(first == t).sum() for t in support] + [(~np.isin(first, support)).sum()])
-    expected = np.append(p[support], 1 - p[support].sum()) * n
-    keep = expected > 0
-    assert stats.chisquare(observed[keep], expected[keep] * observed[keep].sum() / expected[keep].sum()).pvalue > 1e-3
+    pvalue, _ = first_token_law(client, prompt_ids[3], target_runtime)
+    assert pvalue > 1e-3
+
+
+def test_the_entropy_switch_itself_is_lossless(verifier, ladder, prompt_ids, reference,
+                                              target_runtime):
+    """The real switch (thresholds, dwell, the rung measured fastest, another rung tried every
+    2 rounds): greedy output identical to the target's, and the first sampled token distributed
+    as the target's (chi-square), with both rungs drafting."""
+    entropy = EntropySwitchConfig(explore_every=2)
+    client = switching_client(verifier, ladder, entropy=entropy)
+    drafters: set[str] = set()
+    for ids in prompt_ids[6:9]:
+        result = client.generate(GenerationRequest(ids, NEW_TOKENS))
+        assert result.token_ids == reference.greedy(ids, NEW_TOKENS) and all(result.verified)
+        drafters |= {r.drafter for r in result.rounds_log}
+    pvalue, sampled_drafters = first_token_law(client, prompt_ids[3], target_runtime)
+    assert pvalue > 1e-3
+    assert drafters | sampled_drafters >= {DEFAULT_DRAFTER, "small"}, drafters | sampled_drafters
 
 
 def test_fast_mode_marks_tokens_and_honours_the_unverified_bound(
