@@ -21,6 +21,7 @@ import grpc
 
 from edge.config import DEFAULT_DRAFTER, ClientConfig
 from edge.control.offline import OfflineControl, OfflineMode
+from edge.control.entropy import EntropySwitch
 from edge.control.policy import DraftPolicy, FixedK, make_policy
 from edge.drafting import DraftCursor
 from edge.link_monitor import LinkMonitor
@@ -91,6 +92,7 @@ class EdgeClient:
         self.policy = policy if policy is not None else make_policy(config.policy, config)
         self.jitter_rng = random.Random()  # unseeded: edges must not retry in lockstep
         self.monitor = monitor
+        self._fast_policy: DraftPolicy | None = None  # built on the first fast request
 
     def generate(self, request: GenerationRequest, on_tokens: OnTokens | None = None,
                  on_round: OnRound | None = None,
@@ -114,9 +116,7 @@ class EdgeClient:
             raise ValueError(f"offline must be one of {OFFLINE_MODES}, got {request.offline!r}")
         offline = OfflineControl(self.config, self.monitor, request.offline,
                                  request.offline_wait_s)
-        policy = (self.policy if request.draft_length is None
-                  else FixedK(request.draft_length, draft_ahead=self.config.draft_ahead,
-                              send_ahead=self.config.send_ahead))
+        policy = self._policy_for(request, fast=mode == "fast")
         link = VerifierLink(self.stub, self.metadata, session_id=uuid.uuid4().hex,
                             target_model=self.config.target_model,
                             fingerprint=self.draft.fingerprint(), sampling=request.sampling,
@@ -132,3 +132,21 @@ class EdgeClient:
                               else request.max_unverified_run, offline=offline).run()
         finally:
             offline.close()
+
+    def _policy_for(self, request: GenerationRequest, fast: bool) -> DraftPolicy:
+        """The client's policy; a fixed k when the request names one. Fast mode needs a policy
+        that marks skippable blocks (the entropy switch): under any other client.policy a
+        fast request gets this client's own entropy switch, so "fast" never silently means
+        lossless."""
+        if fast:
+            if request.draft_length is not None:
+                return EntropySwitch(self.config.entropy, k=request.draft_length)
+            if getattr(self.policy, "serves_fast_mode", False):
+                return self.policy
+            if self._fast_policy is None:
+                self._fast_policy = make_policy("entropy", self.config)
+            return self._fast_policy
+        if request.draft_length is None:
+            return self.policy
+        return FixedK(request.draft_length, draft_ahead=self.config.draft_ahead,
+                      send_ahead=self.config.send_ahead)

@@ -186,8 +186,8 @@ class ClientConfig(Settings):
     entropy: EntropySwitchConfig = Field(default_factory=EntropySwitchConfig)
     mode: Literal["lossless", "fast"] = Field(
         "lossless", description="default mode of a request that names none: lossless (every "
-                                "token verified) or fast (low-entropy spans emitted unverified; "
-                                "needs policy: entropy)")
+                                "token verified) or fast (low-entropy spans emitted unverified, "
+                                "chosen by the entropy switch whatever `policy` is)")
     max_unverified_run: int = Field(16, ge=0, le=4096,
                                     description="fast mode: most tokens in a row emitted "
                                                 "without verification (a request may lower it)")
@@ -199,9 +199,15 @@ class ClientConfig(Settings):
                                      "rounded relative to it")
     open_timeout_s: float = Field(30.0, gt=0, le=600,
                                   description="wait for Opened (includes the server's prefill)")
-    round_timeout_s: float = Field(10.0, gt=0, le=600,
-                                   description="wait for one Verdict before the link counts as "
-                                               "broken")
+    round_timeout_s: float = Field(30.0, gt=0, le=600, description=(
+        "a reply (Verdict, generated token) still missing this long, although the verifier "
+        "answers probes, fails the round and the stream is re-opened; a slow reply is waited "
+        "for until then (edge/link.py WaitRule)"))
+    stall_timeout_s: float = Field(3.0, gt=0, le=600, description=(
+        "the link counts as down when nothing came from the verifier, neither on the stream "
+        "nor as an answer to a probe, for this long (besides transport errors: connect "
+        "failure, reset, an unanswered keepalive ping); longer than the link's longest "
+        "silent gap (cellular traces: up to ~4 s)"))
     max_retries: int = Field(6, ge=0, le=100,
                              description="reconnect attempts after a broken link before "
                                          "generating locally")
@@ -229,21 +235,25 @@ class ClientConfig(Settings):
         "pin the verifier's target: its identity digest (tandem-cloud info: target.digest); "
         "every open and re-open must report it, else the request fails naming both; empty = "
         "no pin (a generation still refuses a target that changes mid-way)"))
-    offline: Literal["continue", "wait", "require_verified"] = Field("continue", description=(
+    offline: Literal["continue", "wait", "require_verified"] = Field("wait", description=(
         "while the verifier is away: continue (generate locally, tokens unverified), wait "
         "(pause up to offline_wait_s for it, then resume verified; locally after that) or "
         "require_verified (fail naming the cause rather than emit an unverified token); a "
         "request may choose its own"))
-    offline_wait_s: float = Field(10.0, ge=0, le=3600, description=(
-        "offline: wait pauses at most this long for the verifier"))
+    # 20 s: the verifier starts serving 3-5 s after launch here (torch backend), a cellular
+    # link falls silent for up to ~4 s (shared/traces), a restarted verifier is back in
+    # seconds; past 20 s a user is better served by local text, flagged unverified.
+    offline_wait_s: float = Field(20.0, ge=0, le=3600, description=(
+        "offline: wait pauses at most this long for the verifier over a whole generation "
+        "(the start-up wait for a verifier never reached included)"))
     deadline_margin: float = Field(2.0, ge=1, le=100, description=(
-        "a verdict is awaited margin x (smoothed RTT + 4 x its variation + the verifier's "
-        "reported time for the block); round_timeout_s caps it"))
+        "a verdict is late after margin x (smoothed RTT + 4 x its variation + the verifier's "
+        "reported time for the block): the link then probes the verifier and keeps waiting"))
     deadline_floor_s: float = Field(1.0, gt=0, le=60, description=(
-        "the shortest verdict or open deadline, whatever the link measured"))
+        "a verdict or Opened is never late sooner than this, whatever the link measured"))
     open_deadline_s: float = Field(3.0, gt=0, le=600, description=(
-        "an Open's deadline before any round measured the link (then derived from RTT and "
-        "the verifier's time per token, capped by open_timeout_s)"))
+        "when Opened is late before any round measured the link (then derived from RTT and "
+        "the verifier's time per token; open_timeout_s is the longest wait)"))
     probe_interval_s: float = Field(0.25, gt=0, le=60, description=(
         "after a failure, try the verifier again this soon (doubling per failed probe)"))
     max_probe_interval_s: float = Field(1.0, gt=0, le=600, description=(

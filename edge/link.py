@@ -81,6 +81,38 @@ def make_channel(link: CloudLinkConfig, address: str | None = None) -> grpc.Chan
 STOP_POLL_S = 0.01
 
 
+@dataclass(frozen=True)
+class WaitRule:
+    """The one deadline rule of every wait on the verifier: for Opened, a verdict (sequential or
+    pipelined round) or a generated token (cloud-generates round).
+
+    - Late is not down. Past `late_s` (the caller's, from the measured RTT and the verifier's
+      reported time: edge/control/offline.py) the reply is late: the link starts asking the
+      verifier for Info on the same channel every `probe_every_s`, and keeps waiting. A late
+      reply is used like any other; slowness alone never makes a generation go local.
+    - Down only on transport evidence: the call fails (connect failure, reset, an HTTP/2
+      keepalive ping unanswered: gRPC ends the call with UNAVAILABLE), or nothing came from the
+      verifier, neither on the stream nor as an answer to a probe, for `stall_s` (a stalled
+      process or a dead path that TCP has not noticed yet).
+    - `cap_s`: a reply still missing this long although the verifier answers its probes fails
+      the round (alive, but not answering this stream); the loop re-opens.
+    """
+    stall_s: float = 3.0
+    cap_s: float = 30.0
+    probe_every_s: float = 0.25
+
+
+# Probe answers that mean "nobody answered": anything else (even a refusal) came from the verifier.
+_SILENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                           grpc.StatusCode.CANCELLED})
+
+
+def _answered(probe: grpc.Future) -> bool:
+    """A finished Info probe: did the verifier answer it (successfully or not)?"""
+    error = probe.exception()
+    return error is None or getattr(error, "code", lambda: None)() not in _SILENT_CODES
+
+
 class Evicted(Exception):
     """The verifier dropped this session's state during the round (overload)."""
 
@@ -123,13 +155,8 @@ class VerifierLink:
         self.pinned_digest = pinned_digest
         self.seen_digest: str | None = None
         self.open_rtt_s: float | None = None
-        # Set by the loop to the offline policy's `lost`: the link monitor's probes stopped
-        # being answered, so a wait for Opened or a verdict ends now, not at its deadline.
-        self.lost: Callable[[], bool] = lambda: False
-        # At a deadline, `alive()` (one short probe) decides between waiting on, up to
-        # patience_s since the wait began, and counting the link as broken.
-        self.alive: Callable[[], bool] = lambda: False
-        self.patience_s = 0.0
+        # How long a wait may go on (set by the loop from the client config: WaitRule).
+        self.wait_rule = WaitRule()
         self.prefill_s = 0.0
         # Context length the verifier holds (set by Opened and each verdict): in fast mode the
         # edge's context runs ahead of it by the tokens it emitted unverified since.
@@ -148,9 +175,10 @@ class VerifierLink:
     def is_open(self) -> bool:
         return self.stream is not None
 
-    def open(self, context: Sequence[int], timeout_s: float) -> None:
-        """A new stream, Open with the full context, wait for Opened. Raises LinkDown (also
-        when evicted while opening: no room even to open), VerifierRefused, Stopped."""
+    def open(self, context: Sequence[int], late_s: float, cap_s: float | None = None) -> None:
+        """A new stream, Open with the full context, wait for Opened (late after late_s, at most
+        cap_s: WaitRule). Raises LinkDown (also when evicted while opening: no room even to
+        open), VerifierRefused, Stopped."""
         self.drop()
         stream = SessionStream(self.stub, self.metadata)
         params = self.sampling
@@ -163,7 +191,7 @@ class VerifierLink:
         t_open = time.monotonic()
         self.bytes_up += stream.send(message)
         try:
-            reply = self._recv(stream, timeout_s)
+            reply = self._recv(stream, late_s, cap_s)
         except BaseException:
             stream.abandon()
             raise
@@ -217,12 +245,13 @@ class VerifierLink:
         return Sent(round=self.wire_round, start=start, k=len(block), bytes_up=size,
                     t_sent=t1, send_s=t1 - t0)
 
-    def await_verdict(self, sent: Sent, timeout_s: float,
+    def await_verdict(self, sent: Sent, late_s: float,
                       allow_discarded: bool = False) -> tuple[pb.Verdict, int]:
-        """The verdict of `sent` and its serialized size. Raises Evicted, LinkDown, Stopped,
-        VerifierRefused, ProtocolError. A discarded verdict (send-ahead) only when allowed."""
+        """The verdict of `sent` (late after late_s: WaitRule) and its serialized size. Raises
+        Evicted, LinkDown, Stopped, VerifierRefused, ProtocolError. A discarded verdict
+        (send-ahead) only when allowed."""
         assert self.stream is not None, "await on a closed link"
-        reply = self._recv(self.stream, timeout_s)
+        reply = self._recv(self.stream, late_s)
         kind = reply.WhichOneof("kind")
         if kind == "evicted":
             raise Evicted()
@@ -249,11 +278,11 @@ class VerifierLink:
         return Sent(round=self.wire_round, start=start, k=0, bytes_up=size, t_sent=t1,
                     send_s=t1 - t0)
 
-    def await_generated(self, sent: Sent, timeout_s: float) -> tuple[pb.Generated, int]:
-        """The next token of a Generate and its serialized size. Raises Evicted, LinkDown,
-        Stopped, VerifierRefused, ProtocolError."""
+    def await_generated(self, sent: Sent, late_s: float) -> tuple[pb.Generated, int]:
+        """The next token of a Generate (late after late_s: WaitRule) and its serialized size.
+        Raises Evicted, LinkDown, Stopped, VerifierRefused, ProtocolError."""
         assert self.stream is not None, "await on a closed link"
-        reply = self._recv(self.stream, timeout_s)
+        reply = self._recv(self.stream, late_s)
         kind = reply.WhichOneof("kind")
         if kind == "evicted":
             raise Evicted()
@@ -266,29 +295,43 @@ class VerifierLink:
         self.server_context = generated.context_length
         return generated, reply.ByteSize()
 
-    def _recv(self, stream: SessionStream, timeout_s: float) -> pb.ServerMessage:
+    def _recv(self, stream: SessionStream, late_s: float,
+              cap_s: float | None = None) -> pb.ServerMessage:
+        """The next message on `stream`, waited for under the WaitRule."""
+        rule = self.wait_rule
+        cap_s = rule.cap_s if cap_s is None else cap_s
         started = time.monotonic()
-        deadline = started + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if self.should_stop():
-                raise Stopped()
-            if self.lost():
-                stream.abandon()
-                raise LinkDown("the link monitor lost the verifier (no answer to its probes)")
-            try:
-                reply = stream.recv(max(min(left, STOP_POLL_S), 0.0), cancel_on_timeout=False)
-                break
-            except RecvTimeout:
-                if left <= STOP_POLL_S:
-                    # A verifier that still answers a probe is busy, not gone: wait on (up
-                    # to `patience_s` in all) rather than drop a round it is working on.
-                    if time.monotonic() - started < self.patience_s and self.alive():
-                        deadline = min(time.monotonic() + timeout_s, started + self.patience_s)
-                        continue
+        heard = started              # the last sign of life: the send, or a probe answered
+        next_probe = started + late_s
+        probe: grpc.Future | None = None
+        try:
+            while True:
+                if self.should_stop():
+                    raise Stopped()
+                try:
+                    reply = stream.recv(STOP_POLL_S, cancel_on_timeout=False)
+                    break
+                except RecvTimeout:
+                    pass
+                now = time.monotonic()
+                if probe is not None and probe.done():
+                    if _answered(probe):
+                        heard = now
+                    probe, next_probe = None, now + rule.probe_every_s
+                if probe is None and now >= next_probe:
+                    probe = self.stub.Info.future(pb.InfoRequest(), metadata=self.metadata,
+                                                  timeout=rule.stall_s)
+                if now - heard >= rule.stall_s:
                     stream.abandon()
-                    raise LinkDown(f"no answer from the verifier within {timeout_s:.3g} s") \
-                        from None
+                    raise LinkDown(f"no answer from the verifier, on the stream or to a probe, "
+                                   f"for {rule.stall_s:.3g} s")
+                if now - started >= cap_s:
+                    stream.abandon()
+                    raise LinkDown(f"no reply on the stream within {cap_s:.3g} s although the "
+                                   "verifier answers probes")
+        finally:
+            if probe is not None:
+                probe.cancel()
         self.bytes_down += reply.ByteSize()
         return reply
 

@@ -80,6 +80,7 @@ class LinkMonitor:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._status = LinkStatus(STARTING)
+        self._ever_up = False
         self._listeners: list[Callable[[LinkStatus], None]] = []
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -93,6 +94,11 @@ class LinkMonitor:
     @property
     def state(self) -> str:
         return self.status.state
+
+    @property
+    def ever_up(self) -> bool:
+        """The verifier answered at least one probe since this monitor started."""
+        return self._ever_up
 
     def add_listener(self, listener: Callable[[LinkStatus], None]) -> Callable[[], None]:
         """Call listener(status) after every probe; returns a function that removes it."""
@@ -175,6 +181,7 @@ class LinkMonitor:
                 target=target if target is not None else old.target,
                 probes=old.probes + (checked is not None))
             self._status = status
+            self._ever_up = self._ever_up or state == UP
             listeners = list(self._listeners)
         if old.state != state:
             log.log(logging.WARNING if state != UP else logging.INFO, "verifier link %s%s",

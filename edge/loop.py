@@ -95,8 +95,7 @@ class Generation:
         # Deadlines from the measured link, the circuit breaker, the monitor and the request's
         # offline mode (edge/control/offline.py).
         self.offline_ctl = offline if offline is not None else OfflineControl(config)
-        link.lost = self.offline_ctl.lost
-        link.alive, link.patience_s = self.offline_ctl.alive, config.round_timeout_s
+        link.wait_rule = self.offline_ctl.wait_rule()
         self.draft = draft
         self.cursor = cursor
         # The local models by ladder name (`cursor` is the default one, "draft").
@@ -215,7 +214,7 @@ class Generation:
             self.force_verify = block.end_reason == "confidence"
             self._record(RoundRecord(index=0, k_asked=k, drafted=len(block), accepted=None,
                                      end_reason=block.end_reason, mode="local",
-                                     drafter=plan.drafter or "",
+                                     cause="fast_mode", drafter=plan.drafter or "",
                                      committed=self._commit(block.tokens, verified=False,
                                                             defer_stop=True),
                                      draft_s=block.draft_s, confidences=block.confidences,
@@ -292,7 +291,7 @@ class Generation:
                 if given_up and self._verifier_back():
                     continue  # "wait" mode: the verifier came back; the block goes to it
                 if given_up:
-                    record.mode = "local"
+                    record.mode, record.cause = "local", self.offline_ctl.local_cause()
                     record.committed = self._commit(block.tokens, verified=False,
                                                     defer_stop=True)
                     self._record(record)
@@ -307,8 +306,7 @@ class Generation:
             record.bytes_up += sent.bytes_up
             record.send_s += sent.send_s
             try:
-                verdict, size = self.link.await_verdict(
-                    sent, self.offline_ctl.round_deadline(len(block)))
+                verdict, size = self.link.await_verdict(sent, self.offline_ctl.late_s(len(block)))
             except Evicted:
                 # Our state on the server is gone; the re-open carries the full context.
                 evictions += 1
@@ -365,6 +363,7 @@ class Generation:
         block = self._draft(n, Plan(k=n))
         self._record(RoundRecord(index=0, k_asked=n, drafted=len(block), accepted=None,
                                  end_reason=block.end_reason, mode="local",
+                                 cause=self.offline_ctl.local_cause(),
                                  committed=self._commit(block.tokens, verified=False,
                                                         defer_stop=True),
                                  draft_s=block.draft_s, confidences=block.confidences,
@@ -380,7 +379,7 @@ class Generation:
         if not self.offline_ctl.probe_due():
             return
         try:
-            self.link.open(self.context, self.offline_ctl.open_deadline(len(self.context)))
+            self._open_link()
         except LinkDown as error:
             self.offline_ctl.failure(error)
             return
@@ -407,7 +406,7 @@ class Generation:
         while True:
             self._raise_if_misconfigured()
             try:
-                self.link.open(self.context, self.offline_ctl.open_deadline(len(self.context)))
+                self._open_link()
                 self.offline_ctl.opened(self.link)
                 return True
             except LinkDown as error:
@@ -423,6 +422,11 @@ class Generation:
                     return False
             self._sleep(delay)
             delay = min(delay * cfg.retry_multiplier, cfg.retry_max_backoff_s)
+
+    def _open_link(self) -> None:
+        """One Open with the full context under the link's WaitRule."""
+        self.link.open(self.context, self.offline_ctl.open_late_s(len(self.context)),
+                       self.config.open_timeout_s)
 
     def _sleep(self, delay: float) -> None:
         """Backoff sleep with jitter; a stop ends it at once."""
@@ -464,7 +468,7 @@ class Generation:
             if not up:
                 break
             try:
-                self.link.open(self.context, ctl.open_deadline(len(self.context)))
+                self._open_link()
             except LinkDown as error:
                 ctl.failure(error)
                 continue

@@ -148,8 +148,8 @@ class Pipeline:
         alive = True
         for i, entry in enumerate(chain):
             try:
-                verdict, size = gen.link.await_verdict(entry.sent, gen.config.round_timeout_s,
-                                                       allow_discarded=True)
+                verdict, size = gen.link.await_verdict(
+                    entry.sent, gen.offline_ctl.late_s(len(entry.block)), allow_discarded=True)
             except (Evicted, LinkDown):
                 gen.link.drop()
                 self.ahead = None
@@ -173,6 +173,9 @@ class Pipeline:
                 raise ProtocolError(f"round {entry.sent.round}: a block built on a rejected "
                                     "prefix was verified")
             gen._apply(entry.record, entry.block, verdict)
+            record = entry.record
+            gen.offline_ctl.verdict(record.rtt_s, len(entry.block), record.server_queue_s
+                                    + record.server_forward_s + record.server_verify_s)
             if gen.result.finish_reason:
                 self.ahead = None
                 return  # max_tokens or a stop id: later blocks do not matter
@@ -203,7 +206,7 @@ class Pipeline:
         finished = False
         try:
             while True:
-                generated, size = gen.link.await_generated(sent, gen.config.round_timeout_s)
+                generated, size = gen.link.await_generated(sent, gen.offline_ctl.late_s(1))
                 if record.rtt_s == 0.0:
                     record.rtt_s = time.monotonic() - sent.t_sent  # to the first token
                 record.bytes_down += size

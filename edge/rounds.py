@@ -29,6 +29,7 @@ class RoundRecord:
     accepted: int | None               # accepted length n; None when not verified
     end_reason: str = "length"         # why the block ended: END_REASONS
     mode: str = "verify"               # "verify" | "local" | "cloud" | "discarded"
+    cause: str = ""                    # local rounds: why unverified (offline.UNVERIFIED_CAUSES)
     drafter: str = ""                  # which local model drafted ("" = the default)
     verified: bool = False             # the committed tokens were checked by the target
     committed: int = 0                 # tokens appended to the output by this round
@@ -77,6 +78,20 @@ class GenerationResult:
     def verified_rounds(self) -> list[RoundRecord]:
         return [r for r in self.rounds_log if r.mode == "verify" and r.accepted is not None]
 
+    def unverified_by_cause(self, limit: int | None = None) -> dict[str, int]:
+        """Tokens committed without the target's check, by cause (local rounds' `cause`), in
+        output order; `limit`: only the first this many (a stop string may cut the text short
+        of what was committed)."""
+        left = sum(r.committed for r in self.rounds_log if r.mode == "local") \
+            if limit is None else limit
+        counts: dict[str, int] = {}
+        for r in self.rounds_log:
+            if r.mode == "local" and r.committed and left > 0:
+                n = min(r.committed, left)
+                counts[r.cause or "outage"] = counts.get(r.cause or "outage", 0) + n
+                left -= n
+        return counts
+
     @property
     def rounds(self) -> int:
         """Draft -> Verdict exchanges completed (verification rounds)."""
@@ -122,6 +137,7 @@ class GenerationResult:
         if not with_rounds:
             out.pop("rounds_log")
         out.update(rounds=self.rounds, accepted_lengths=self.accepted_lengths,
+                   unverified_by_cause=self.unverified_by_cause(),
                    target_passes=self.target_passes,
                    mean_accepted_length=self.mean_accepted_length,
                    acceptance_rate=self.acceptance_rate,

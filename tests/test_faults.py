@@ -43,8 +43,9 @@ from edge.link_monitor import LinkMonitor
 from tandem.v1 import decoding_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[1]
-DEADLINE_S = 1.0        # ClientConfig.deadline_floor_s: the verdict deadline on a fast link
-PROBE_S = 0.5           # then one Info probe (deadline_floor_s / 2) tells slow from stalled
+DEADLINE_S = 1.0        # ClientConfig.deadline_floor_s: a verdict is late (probing starts)
+STALL_S = 1.5           # ClientConfig.stall_timeout_s: no answer on the stream or to a probe
+                        # this long and the link is down (edge/link.py WaitRule)
 PAUSE_MARGIN_S = 0.75   # drafting, scheduling on a loaded 2-core machine
 RECOVERY_S = 2.0        # verifier answers again -> first verified token (monitor 0.1 s + open)
 THROTTLE_S = 0.004      # per token: a consumer slow enough that generations outlast a fault
@@ -144,6 +145,9 @@ class Seen:
 
 
 def edge_client(address: str, draft, **config) -> tuple[EdgeClient, LinkMonitor]:
+    """A client that goes on locally while the verifier is away (the default waits for it)
+    and counts the link down after STALL_S without a sign of life."""
+    config = {"offline": "continue", "stall_timeout_s": STALL_S, **config}
     channel = make_channel(CloudLinkConfig(), address)
     monitor = LinkMonitor(channel, address=address, tls=False, interval_up_s=0.25,
                           interval_down_s=0.1, timeout_s=0.5).start()
@@ -183,8 +187,8 @@ def test_sigstop_stall_continues_locally_and_resumes_verified(verifier, prompt_i
                                                               reference, draft_dir, gguf_path,
                                                               onnx_path):
     """A verifier that accepts connections but never answers: the stream never pauses longer
-    than DEADLINE_S + PROBE_S + PAUSE_MARGIN_S, goes on locally, and is verified again within RECOVERY_S
-    of SIGCONT, in the same generation."""
+    than STALL_S + PAUSE_MARGIN_S, goes on locally (offline: continue), and is verified again
+    within RECOVERY_S of SIGCONT, in the same generation."""
     draft = open_draft("llama.cpp", draft_dir, gguf_path, onnx_path)
     client, monitor = edge_client(verifier.address, draft)
     prompt = prompt_ids[170]
@@ -208,7 +212,7 @@ def test_sigstop_stall_continues_locally_and_resumes_verified(verifier, prompt_i
     print(f"SIGSTOP stall: longest pause {seen.longest_pause(since=stopped_at - 1):.2f} s, "
           f"verified again {first - resumed_at if first else float('nan'):.2f} s after SIGCONT, "
           f"{result.verified.count(False)} of 500 tokens unverified")
-    assert seen.longest_pause(since=stopped_at - 1) <= DEADLINE_S + PROBE_S + PAUSE_MARGIN_S
+    assert seen.longest_pause(since=stopped_at - 1) <= STALL_S + PAUSE_MARGIN_S
     assert first is not None and first - resumed_at <= RECOVERY_S, \
         f"verification resumed {None if first is None else first - resumed_at:.2f} s after SIGCONT"
     assert not all(result.verified) and result.verified[-1]
@@ -442,7 +446,8 @@ def test_daemon_stream_flags_every_delta_through_a_stall(verifier, draft_dir, gg
         draft=DraftConfig(backend="llama.cpp", model_path=gguf_path, tokenizer_dir=draft_dir,
                           n_ctx=1024, threads=1),
         client=ClientConfig(draft_length=4, monitor_interval_s=0.1, round_timeout_s=30.0,
-                            deadline_floor_s=DEADLINE_S),
+                            deadline_floor_s=DEADLINE_S, stall_timeout_s=STALL_S,
+                            offline="continue"),
         daemon=DaemonConfig(port=0, pool_size=1))
     prompt = "def f(x):\n"
     body = {"model": "tandem-draft", "prompt": prompt, "max_tokens": 300, "temperature": 0,

@@ -26,20 +26,20 @@ SETTINGS = OfflineSettings(deadline_floor_s=0.2, deadline_ceiling_s=8.0, deadlin
 
 def test_deadline_follows_the_measured_link_and_the_servers_time():
     rtt = RttEstimator(SETTINGS)
-    assert rtt.round_deadline(4) == SETTINGS.deadline_ceiling_s  # nothing measured yet
+    assert rtt.late_s(4) == SETTINGS.deadline_ceiling_s  # nothing measured yet
     for _ in range(20):
         rtt.observe(rtt_s=0.050, k=4, server_s=0.010)  # 40 ms network, 2 ms per position
     # 2 * (srtt 40 ms + 4 * rttvar ~0 + 5 positions * 2 ms) = ~100 ms, floored at 200 ms.
-    assert rtt.round_deadline(4) == pytest.approx(0.2)
+    assert rtt.late_s(4) == pytest.approx(0.2)
     slow = RttEstimator(SETTINGS)
     for _ in range(20):
         slow.observe(rtt_s=0.400, k=4, server_s=0.050)
-    assert slow.round_deadline(4) == pytest.approx(2 * (0.350 + 0.050), rel=0.05)
+    assert slow.late_s(4) == pytest.approx(2 * (0.350 + 0.050), rel=0.05)
     # Jitter widens it (rttvar), but never past the ceiling.
     jittery = RttEstimator(SETTINGS)
     for i in range(40):
         jittery.observe(rtt_s=0.1 if i % 2 else 1.5, k=4, server_s=0.0)
-    assert slow.round_deadline(4) < jittery.round_deadline(4) <= SETTINGS.deadline_ceiling_s
+    assert slow.late_s(4) < jittery.late_s(4) <= SETTINGS.deadline_ceiling_s
 
 
 def test_breaker_opens_on_failure_probes_by_time_with_backoff_and_closes_on_success():

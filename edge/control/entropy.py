@@ -53,6 +53,8 @@ class EntropySwitch:
     the unverified run.
     """
 
+    serves_fast_mode = True  # its plans mark skippable blocks (EdgeClient picks it for fast)
+
     def __init__(self, config: EntropySwitchConfig, k: int,
                  ladder: Sequence[str] | None = None) -> None:
         if k < 0:

@@ -5,9 +5,10 @@ Three parts, each plain state with an injectable clock (no threads, no gRPC):
 
 - `RttEstimator` keeps a smoothed round-trip time and its variation from measured rounds
   (Jacobson/Karels, as TCP's RTO: srtt + 4 * rttvar), and the verifier's own reported time per
-  round. `round_deadline(k)` = that RTO plus the server's time for a k-token block, times a
-  margin, clamped to [floor, ceiling]. A stalled verifier is thus noticed within about one
-  deadline of the link's real speed, not after a fixed 10 s.
+  round. `late_s(k)` = that RTO plus the server's time for a k-token block, times a margin,
+  clamped to [floor, ceiling]: when a reply counts as late. Late is not down (edge/link.py
+  WaitRule): a late reply is waited for while the verifier answers probes; the link is down
+  only on transport evidence or after stall_timeout_s without any sign of life.
 - `CircuitBreaker`, closed / open / half-open. Closed: rounds go to the verifier. A failure
   (outage or overload) opens it: the generation goes on locally. Open -> half-open when a probe
   is due, by time (probe_interval_s, doubling to max_probe_interval_s while probes keep
@@ -36,6 +37,11 @@ from dataclasses import dataclass
 Clock = Callable[[], float]
 
 
+# Why a token was emitted without the target's check (RoundRecord.cause, the daemon's
+# unverified-token counter and its per-request warning).
+UNVERIFIED_CAUSES = ("outage", "startup", "overload", "fast_mode")
+
+
 class OfflineMode(str, enum.Enum):
     CONTINUE = "continue"
     WAIT = "wait"
@@ -45,8 +51,8 @@ class OfflineMode(str, enum.Enum):
 @dataclass(frozen=True)
 class OfflineSettings:
     """The knobs, filled from edge.config.ClientConfig (defaults are defined there)."""
-    deadline_floor_s: float = 0.5      # never wait less for a verdict (GC pauses, batching)
-    deadline_ceiling_s: float = 10.0   # never wait more, whatever the link measured
+    deadline_floor_s: float = 0.5      # a reply is never late sooner (GC pauses, batching)
+    deadline_ceiling_s: float = 10.0   # ... and always late after this
     deadline_margin: float = 2.0       # times (RTO + server time)
     open_deadline_s: float = 5.0       # an Open (with its prefill) before any RTT is known
     probe_interval_s: float = 0.25     # first probe after the breaker opens
@@ -93,9 +99,8 @@ class RttEstimator:
     def rto_s(self) -> float | None:
         return None if self.srtt is None else self.srtt + 4 * self.rttvar
 
-    def round_deadline(self, k: int) -> float:
-        """How long to wait for the verdict of a k-token block before the link counts as
-        broken."""
+    def late_s(self, k: int) -> float:
+        """When the verdict of a k-token block counts as late (probing starts)."""
         s = self.settings
         if self.srtt is None:
             return s.deadline_ceiling_s
@@ -105,8 +110,8 @@ class RttEstimator:
         deadline = s.deadline_margin * (self.rto_s + server)
         return min(max(deadline, s.deadline_floor_s), s.deadline_ceiling_s)
 
-    def open_deadline(self, context_tokens: int) -> float:
-        """An Open runs a prefill of the whole context: the server's time per token times the
+    def open_late_s(self, context_tokens: int) -> float:
+        """When Opened counts as late. An Open runs a prefill of the whole context: the server's time per token times the
         context, plus the link's RTO; the configured open deadline until anything is known."""
         s = self.settings
         if self.srtt is None or self.server_s_per_token is None:
@@ -204,6 +209,8 @@ class OfflineControl:
             max_probe_interval_s=max(config.max_probe_interval_s, config.probe_interval_s),
             probe_tokens=config.offline_probe_tokens)
         self.open_ceiling_s = config.open_timeout_s
+        self.stall_s = config.stall_timeout_s
+        self.overloaded = False        # the last failure was the verifier saying it is full
         self.mode = OfflineMode(mode or config.offline)
         self.wait_s = config.offline_wait_s if wait_s is None else wait_s
         self.clock = clock
@@ -228,32 +235,19 @@ class OfflineControl:
             self._up.clear()
 
     # --- deadlines ----------------------------------------------------------------------------
-    def round_deadline(self, k: int) -> float:
-        """RTT-derived with a monitor (which tells a busy verifier from a stalled one when the
-        deadline passes); without one, the fixed round_timeout_s: a short deadline could not
-        tell them apart and would drop rounds a busy verifier is still working on."""
-        if self.monitor is None:
-            return self.settings.deadline_ceiling_s
-        return self.rtt.round_deadline(k)
+    def wait_rule(self):
+        """The link's WaitRule (edge/link.py): down after stall_timeout_s without a sign of
+        life, a reply still missing after round_timeout_s fails the round."""
+        from edge.link import WaitRule  # edge.link imports edge.config only; no cycle
+        return WaitRule(stall_s=self.stall_s, cap_s=self.settings.deadline_ceiling_s,
+                        probe_every_s=self.settings.probe_interval_s)
 
-    def open_deadline(self, context_tokens: int) -> float:
-        """With a monitor that sees the verifier up, an Open may take as long as the server's
-        queue of prefills needs (open_timeout_s): a stall is caught by `lost` instead, and a
-        short deadline under load would only re-queue the same prefill (a retry storm)."""
-        if self.monitor is not None and self.monitor.state == "up":
-            return self.open_ceiling_s
-        return min(self.rtt.open_deadline(context_tokens), self.open_ceiling_s)
+    def late_s(self, k: int) -> float:
+        """When the verdict of a k-token block is late: the link starts probing the verifier."""
+        return self.rtt.late_s(k)
 
-    def alive(self) -> bool:
-        """A wait passed its deadline: does the verifier still answer a probe right now?"""
-        return self.monitor is not None and self.monitor.probe().state == "up"
-
-    def lost(self) -> bool:
-        """The monitor's last two probes went unanswered: the verifier is gone or stalled."""
-        if self.monitor is None:
-            return False
-        status = self.monitor.status
-        return status.state == "down" and status.failed_probes >= 2
+    def open_late_s(self, context_tokens: int) -> float:
+        return min(self.rtt.open_late_s(context_tokens), self.open_ceiling_s)
 
     # --- outcomes -----------------------------------------------------------------------------
     def verdict(self, rtt_s: float, k: int, server_s: float | None) -> None:
@@ -275,6 +269,7 @@ class OfflineControl:
         round is retried instead of going local; a stalled or dead one does not."""
         retry_after = getattr(error, "retry_after_s", None)
         overloaded = type(error).__name__ == "VerifierOverloaded"
+        self.overloaded = overloaded
         self.breaker.failure(str(error), retry_after)
         if self.monitor is None:
             return
@@ -282,9 +277,19 @@ class OfflineControl:
             self.monitor.report("overloaded", str(error))
             self._up.clear()
         elif time.monotonic() - self.monitor.status.checked_s > self.monitor.timeout_s + 0.2:
-            self.monitor.probe()  # (not when a probe just ran: alive() at the deadline)
+            self.monitor.probe()  # (not when a probe just ran)
 
     # --- decisions ----------------------------------------------------------------------------
+    def local_cause(self) -> str:
+        """Why tokens go local now (UNVERIFIED_CAUSES): the verifier said it is full
+        (overload), this process has not reached it yet since it started (startup), or it is
+        unreachable (outage)."""
+        if self.overloaded:
+            return "overload"
+        if self.monitor is not None and not self.monitor.ever_up:
+            return "startup"
+        return "outage"
+
     def misconfiguration(self) -> str | None:
         """The monitor's named cause when the link is misconfigured (TLS, key, identity)."""
         if self.monitor is not None and self.monitor.state == "misconfigured":

@@ -39,7 +39,9 @@ from edge.daemon.errors import (ApiError, BodyTooLarge, InvalidRequest, MethodNo
 from edge.daemon.metrics import DaemonMetrics
 from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, CompletionRequest,
                                        _Request, _surrogate_path)
-from edge.daemon.responses import chat_events, chat_response, completion_events, completion_response
+from edge.daemon.responses import (chat_events, chat_response, completion_events,
+                                   completion_response, verification_headers,
+                                   VERIFIED_FRACTION_HEADER, UNVERIFIED_TOKENS_HEADER)
 from tandem.cli import version
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -73,6 +75,7 @@ def create_app(engine: Engine) -> FastAPI:
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
                            allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                           expose_headers=[VERIFIED_FRACTION_HEADER, UNVERIFIED_TOKENS_HEADER],
                            allow_credentials="*" not in config.cors_origins)
     app.add_middleware(_AccessLog, metrics=engine.metrics)
 
@@ -186,7 +189,8 @@ def create_app(engine: Engine) -> FastAPI:
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
         outs = await asyncio.gather(*(engine.complete(job) for job, _ in jobs))
         _note_tokens(request, sum(out.completion_tokens for out in outs))
-        return JSONResponse(completion_response(outs, req.model, echoes).model_dump())
+        return JSONResponse(completion_response(outs, req.model, echoes).model_dump(),
+                            headers=verification_headers(outs))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
@@ -200,7 +204,8 @@ def create_app(engine: Engine) -> FastAPI:
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
         out = await engine.complete(job)
         _note_tokens(request, out.completion_tokens)
-        return JSONResponse(chat_response(out, req.model).model_dump())
+        return JSONResponse(chat_response(out, req.model).model_dump(),
+                            headers=verification_headers([out]))
 
     return app
 

@@ -346,6 +346,13 @@ class Engine:
         finish: FinishReason = "stop" if stops.stopped or result.finish_reason == "stop" else "length"
         stats = build_stats(result, emitted, wall_s, self.backend, job.trace)
         self._observe(stats, result)
+        if stats.unverified_tokens:
+            # Loud: one line per request that emitted unverified tokens, naming why.
+            log.warning("request emitted %d of %d tokens unverified (verified fraction %.3f); "
+                        "cause: %s", stats.unverified_tokens, len(emitted.token_ids),
+                        stats.verified_fraction,
+                        ", ".join(f"{cause} {n}" for cause, n in stats.unverified_by_cause.items())
+                        or "unknown")
         return GenerationOutput(text="".join(emitted.text), token_ids=list(emitted.token_ids),
                                 finish_reason=finish, prompt_tokens=len(job.prompt_ids),
                                 completion_tokens=len(emitted.token_ids), stats=stats)
@@ -385,13 +392,21 @@ class Engine:
             verified=stats.verified_tokens, unverified=stats.unverified_tokens,
             target_passes=stats.target_passes, bytes_up=stats.bytes_up, bytes_down=stats.bytes_down,
             wall_s=stats.wall_s, ttft_s=stats.ttft_s, reopens=stats.reopens)
+        self.metrics.observe_unverified(stats.unverified_by_cause)
 
     # ---- lifecycle ----------------------------------------------------------------------
 
     def health(self) -> dict:
         with self._lock:
             # Misconfigured (TLS, key, identity): every request would be refused, so not ok.
-            status = "misconfigured" if self.link_state == "misconfigured" else "ok"
+            # Starting: the verifier was never reached yet; a request would wait for it
+            # (offline: wait), so an orchestrator should not route traffic here yet.
+            if self.link_state == "misconfigured":
+                status = "misconfigured"
+            elif self.monitor is not None and not self.monitor.ever_up:
+                status = "starting"
+            else:
+                status = "ok"
             body = {"status": status, "model": self.config.model_name,
                     "draft_backend": self.backend,
                     "pool_size": self.config.pool_size, "inflight": self.inflight,
@@ -432,6 +447,7 @@ def build_stats(result: GenerationResult, emitted: _Emitted, wall_s: float, back
         target_passes_per_token=metrics.passes_per_token(result.target_passes, n_tokens),
         verified_tokens=n_verified, unverified_tokens=n_tokens - n_verified,
         verified_fraction=n_verified / n_tokens if n_tokens else 1.0,
+        unverified_by_cause=result.unverified_by_cause(limit=n_tokens - n_verified),
         bytes_up=result.bytes_up, bytes_down=result.bytes_down, wall_s=wall_s,
         ttft_s=emitted.first_token_s,
         tokens_per_s=n_tokens / wall_s if wall_s > 0 else 0.0, reopens=result.reopens,

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics, generate_latest)
 
+from edge.control.offline import UNVERIFIED_CAUSES
+
 disable_created_metrics()  # no `_created` series (they double every counter's cardinality)
 
 # "degraded" is learnt from requests; the others are edge/link_monitor.py's probed states.
@@ -83,8 +85,13 @@ class DaemonMetrics:
                                "eviction").labels(**m)
         self._link_state = Gauge("link_state", "1 for the current state of the link to the "
                                  "verifier", ("model", "state"), namespace=ns, registry=registry)
+        self._unverified = counter("unverified_tokens", "tokens emitted without the target's "
+                                   "check, by cause: outage, startup (the verifier not reached "
+                                   "yet), overload, fast_mode", ("cause",))
         for verified in ("true", "false"):
             self._tokens.labels(model=model, verified=verified)
+        for cause in UNVERIFIED_CAUSES:
+            self._unverified.labels(model=model, cause=cause)
         self.set_link_state("up")
 
     def observe_request(self, endpoint: str, status: int, seconds: float | None) -> None:
@@ -127,6 +134,10 @@ class DaemonMetrics:
             self.tokens_per_second.observe((verified + unverified) / wall_s)
         if ttft_s is not None:
             self.ttft_seconds.observe(ttft_s)
+
+    def observe_unverified(self, by_cause: dict[str, int]) -> None:
+        for cause, n in by_cause.items():
+            self._unverified.labels(model=self.model, cause=cause).inc(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -361,6 +361,9 @@ class TandemStats(BaseModel):
     verified_tokens: int
     unverified_tokens: int
     verified_fraction: float = Field(description="share of emitted tokens the target verified")
+    unverified_by_cause: dict[str, int] = Field(
+        default_factory=dict, description="unverified tokens by cause: outage, startup (the "
+        "verifier not reached yet), overload, fast_mode")
     bytes_up: int
     bytes_down: int
     wall_s: float

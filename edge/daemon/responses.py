@@ -50,6 +50,21 @@ def completion_response(outs: Sequence[GenerationOutput], model: str,
         usage=total_usage(outs), tandem=outs[0].stats)
 
 
+# Response headers a plain OpenAI client can read without parsing Tandem's body field: the
+# share of the completion the target verified, and how many tokens it did not. A stream's
+# headers leave before its tokens: its last chunk's `tandem` stats say the same.
+VERIFIED_FRACTION_HEADER = "x-tandem-verified-fraction"
+UNVERIFIED_TOKENS_HEADER = "x-tandem-unverified-tokens"
+
+
+def verification_headers(outs: Sequence[GenerationOutput]) -> dict[str, str]:
+    verified = sum(out.stats.verified_tokens for out in outs)
+    unverified = sum(out.stats.unverified_tokens for out in outs)
+    total = verified + unverified
+    return {VERIFIED_FRACTION_HEADER: f"{verified / total if total else 1.0:.4f}",
+            UNVERIFIED_TOKENS_HEADER: str(unverified)}
+
+
 def total_usage(outs: Sequence[GenerationOutput]) -> Usage:
     return token_usage(sum(out.prompt_tokens for out in outs),
                        sum(out.completion_tokens for out in outs))
