@@ -56,8 +56,9 @@ class LoadReport:
     requests: int
     errors: int
     tokens: int
-    total_tokens_per_s: float
-    per_stream_tokens_per_s: list[float]
+    verified_tokens_per_s: float          # all streams, verified tokens / wall
+    local_tokens_per_s: float             # all streams, unverified tokens / wall (never added in)
+    per_stream_tokens_per_s: list[float]  # verified tokens / wall, per stream
     ttft_ms_p50: float | None
     ttft_ms_p99: float | None
     tpot_ms_p50: float | None
@@ -75,8 +76,9 @@ class LoadReport:
         lines = [
             f"streams {self.streams}, {self.wall_s:.1f} s, {self.requests} requests, "
             f"{self.errors} errors, {self.tokens} tokens, {self.verified_share:.1%} verified",
-            f"tokens/s: total {self.total_tokens_per_s:.1f}, per stream "
+            f"verified tokens/s: total {self.verified_tokens_per_s:.1f}, per stream "
             f"min {min(per, default=0):.1f} / median {_median(per):.1f} / max {max(per, default=0):.1f}",
+            f"local (unverified) tokens/s: {self.local_tokens_per_s:.1f}",
             f"TTFT ms: p50 {_fmt(self.ttft_ms_p50)}  p99 {_fmt(self.ttft_ms_p99)}; "
             f"TPOT ms: p50 {_fmt(self.tpot_ms_p50)}  p99 {_fmt(self.tpot_ms_p99)}",
             f"verifier batches: {self.batch_passes} passes, mean {self.batch_mean:.2f} jobs, "
@@ -237,8 +239,8 @@ def summarize(streams: list[StreamStats], wall_s: float, duration_s: float,
     ttfts = [r.ttft_s * 1000.0 for r in ok if r.ttft_s is not None]
     tpots = [metrics.tpot(r.wall_s, r.ttft_s, r.completion_tokens) * 1000.0
              for r in ok if r.ttft_s is not None and r.completion_tokens > 1]
-    verified = sum(r.tandem.get("verified_tokens", 0) for r in ok)
-    emitted = verified + sum(r.tandem.get("unverified_tokens", 0) for r in ok)
+    verified = sum(r.verified_tokens for r in ok)
+    emitted = verified + sum(r.local_tokens for r in ok)
     before = list(batches_before.size_counts) if batches_before is not None else []
     after = list(batches_after.size_counts) if batches_after is not None else []
     counts = [a - (before[i] if i < len(before) else 0) for i, a in enumerate(after)]
@@ -247,8 +249,10 @@ def summarize(streams: list[StreamStats], wall_s: float, duration_s: float,
     return LoadReport(
         streams=len(streams), duration_s=duration_s, wall_s=wall_s, requests=len(records),
         errors=len(records) - len(ok), tokens=tokens,
-        total_tokens_per_s=tokens / wall_s if wall_s > 0 else 0.0,
-        per_stream_tokens_per_s=[s.tokens / wall_s if wall_s > 0 else 0.0 for s in streams],
+        verified_tokens_per_s=verified / wall_s if wall_s > 0 else 0.0,
+        local_tokens_per_s=(emitted - verified) / wall_s if wall_s > 0 else 0.0,
+        per_stream_tokens_per_s=[sum(r.verified_tokens for r in s.records if r.ok) / wall_s
+                                 if wall_s > 0 else 0.0 for s in streams],
         ttft_ms_p50=percentile(ttfts, 50), ttft_ms_p99=percentile(ttfts, 99),
         tpot_ms_p50=percentile(tpots, 50), tpot_ms_p99=percentile(tpots, 99),
         verified_share=verified / emitted if emitted else 0.0,

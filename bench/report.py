@@ -1,7 +1,8 @@
 """Summaries of workload runs: the per-profile table, the JSON file and the PNG plots.
 
-Metric conventions (shared/ANCHORS.md): tokens/s is the mean of per-request tokens/s (completion
-tokens / request wall time, client side); TTFT is request sent -> first text chunk; mean
+Metric conventions (shared/ANCHORS.md): verified tokens/s is the mean of per-request verified
+tokens / request wall time (client side), local tokens/s the same for tokens the target did not
+check; the two are never added into one speed. TTFT is request sent -> first text chunk; mean
 accepted length tau = 1 + accepted / rounds over all rounds of the run; target passes per token
 and bytes (up + down, protobuf payloads) per token are totals over all emitted tokens; verified
 share = tokens the target checked / all emitted tokens.
@@ -25,8 +26,10 @@ class RunSummary:
     errors: int
     tokens: int
     wall_s: float                  # the whole run, first request sent -> last answered
-    tokens_per_s: float            # mean over requests
-    throughput_tok_s: float        # all tokens / wall_s
+    verified_tokens_per_s: float   # mean over requests
+    local_tokens_per_s: float      # mean over requests (unverified: the draft's alone)
+    verified_throughput_tok_s: float  # all verified tokens / wall_s
+    local_throughput_tok_s: float     # all local tokens / wall_s
     ttft_ms: float | None          # mean over requests
     mean_accepted_length: float    # tau
     target_passes_per_token: float
@@ -46,8 +49,10 @@ def summarize(name: str, records: Sequence[RequestRecord], wall_s: float) -> Run
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     return RunSummary(
         name=name, requests=len(records), errors=len(records) - len(ok), tokens=tokens, wall_s=wall_s,
-        tokens_per_s=statistics.fmean(r.tokens_per_s for r in ok) if ok else 0.0,
-        throughput_tok_s=tokens / wall_s if wall_s > 0 else 0.0,
+        verified_tokens_per_s=statistics.fmean(r.verified_tokens_per_s for r in ok) if ok else 0.0,
+        local_tokens_per_s=statistics.fmean(r.local_tokens_per_s for r in ok) if ok else 0.0,
+        verified_throughput_tok_s=verified / wall_s if wall_s > 0 else 0.0,
+        local_throughput_tok_s=(emitted - verified) / wall_s if wall_s > 0 else 0.0,
         ttft_ms=statistics.fmean(ttfts) * 1000.0 if ttfts else None,
         mean_accepted_length=metrics.tau(accepted, rounds),
         target_passes_per_token=metrics.passes_per_token(sum(s["target_passes"] for s in stats),
@@ -59,7 +64,8 @@ def summarize(name: str, records: Sequence[RequestRecord], wall_s: float) -> Run
 
 COLUMNS = [  # header, RunSummary field, format
     ("profile", "name", "{}"),
-    ("tok/s", "tokens_per_s", "{:.1f}"),
+    ("verified tok/s", "verified_tokens_per_s", "{:.1f}"),
+    ("local tok/s", "local_tokens_per_s", "{:.1f}"),
     ("TTFT ms", "ttft_ms", "{:.0f}"),
     ("tau", "mean_accepted_length", "{:.2f}"),
     ("passes/tok", "target_passes_per_token", "{:.3f}"),
@@ -97,7 +103,8 @@ def write_json(path: Path, summaries: Sequence[RunSummary], records: dict[str, S
 
 def _record_dict(record: RequestRecord) -> dict:
     out = asdict(record)
-    out["tokens_per_s"] = record.tokens_per_s
+    out["verified_tokens_per_s"] = record.verified_tokens_per_s
+    out["local_tokens_per_s"] = record.local_tokens_per_s
     return out
 
 
@@ -111,7 +118,7 @@ def session_trace(records: Sequence[RequestRecord]) -> list[dict]:
 
 def write_plots(out_dir: Path, summaries: Sequence[RunSummary], trace: list[dict],
                 trace_name: str) -> list[Path]:
-    """tokens_per_s.png (bar per profile) and session_trace.png (draft length and RTT per round
+    """tokens_per_s.png (verified and local tokens/s side by side per profile) and session_trace.png (draft length and RTT per round
     of one session over time)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -122,11 +129,18 @@ def write_plots(out_dir: Path, summaries: Sequence[RunSummary], trace: list[dict
 
     fig, ax = plt.subplots(figsize=(7, 4))
     names = [s.name for s in summaries]
-    bars = ax.bar(names, [s.tokens_per_s for s in summaries], color="#3a7dc9")
+    x = list(range(len(names)))
+    width = 0.4
+    bars = ax.bar([i - width / 2 for i in x], [s.verified_tokens_per_s for s in summaries], width,
+                  color="#3a7dc9", label="verified (the target's output)")
+    ax.bar([i + width / 2 for i in x], [s.local_tokens_per_s for s in summaries], width,
+           color="#d9822b", label="local (unverified, the draft's alone)")
     for bar, summary in zip(bars, summaries):
-        ax.annotate(f"{summary.tokens_per_s:.1f}\n{summary.verified_share:.0%} verified",
+        ax.annotate(f"{summary.verified_tokens_per_s:.1f}\n{summary.verified_share:.0%} verified",
                     (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, names)
+    ax.legend(loc="upper right", fontsize=8)
     ax.set_ylabel("tokens/s per request (mean)")
     ax.set_title("Tandem: generation speed per channel profile")
     ax.margins(y=0.25)

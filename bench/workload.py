@@ -40,9 +40,23 @@ class RequestRecord:
     text: str = ""
     tandem: dict[str, Any] = field(default_factory=dict)
 
+    # Verified and local (unverified) speed are two numbers, never one: a local token is the
+    # draft's alone, and adding it into one speed would hide verification falling away.
     @property
-    def tokens_per_s(self) -> float:
-        return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
+    def verified_tokens(self) -> int:
+        return int(self.tandem.get("verified_tokens", 0))
+
+    @property
+    def local_tokens(self) -> int:
+        return int(self.tandem.get("unverified_tokens", 0))
+
+    @property
+    def verified_tokens_per_s(self) -> float:
+        return self.verified_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def local_tokens_per_s(self) -> float:
+        return self.local_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
 async def _one(client: httpx.AsyncClient, url: str, body: dict, index: int, t0: float) -> RequestRecord:

@@ -203,6 +203,7 @@ def start_monitor(config, channel: grpc.Channel, fingerprint: str = "") -> LinkM
                        fingerprint=fingerprint, model=client.target_model,
                        interval_up_s=client.monitor_interval_up_s,
                        interval_down_s=client.monitor_interval_s,
-                       # Short: a generation that timed out waits on one probe before
-                       # deciding between retrying and going local.
-                       timeout_s=client.deadline_floor_s / 2).start()
+                       # A probe unanswered this long is the same evidence as a silent
+                       # stream (edge/link.py WaitRule): a slow answer on a cellular link is
+                       # not an outage; a refused connection still is, at once.
+                       timeout_s=client.stall_timeout_s).start()

@@ -45,7 +45,7 @@ def test_sim_writes_table_json_and_plots(tiny_sim, tmp_path, capsys):
     for name, summary in result["summaries"].items():
         assert summary["requests"] == 2 and summary["errors"] == 0
         assert summary["tokens"] == 2 * 16
-        assert summary["tokens_per_s"] > 0 and summary["ttft_ms"] > 0
+        assert summary["verified_tokens_per_s"] > 0 and summary["ttft_ms"] > 0
         # tau > 1: the shipped draft gets tokens accepted (tau ~3 at k = 4); 1.0 would mean the
         # verifier rejected every draft token, or that tau is computed over no rounds.
         tau, passes = summary["mean_accepted_length"], summary["target_passes_per_token"]
@@ -79,8 +79,10 @@ def test_summary_formulas_on_synthetic_records():
                RequestRecord(index=2, ok=False, error="HTTP 503")]
     summary = summarize("x", records, wall_s=4.0)
     assert summary.requests == 3 and summary.errors == 1 and summary.tokens == 30
-    assert summary.tokens_per_s == pytest.approx((10 / 1.0 + 20 / 4.0) / 2)
-    assert summary.throughput_tok_s == pytest.approx(30 / 4.0)
+    assert summary.verified_tokens_per_s == pytest.approx((10 / 1.0 + 15 / 4.0) / 2)
+    assert summary.local_tokens_per_s == pytest.approx((0 / 1.0 + 5 / 4.0) / 2)
+    assert summary.verified_throughput_tok_s == pytest.approx(25 / 4.0)
+    assert summary.local_throughput_tok_s == pytest.approx(5 / 4.0)
     assert summary.mean_accepted_length == pytest.approx(1 + 21 / 9)
     assert summary.target_passes_per_token == pytest.approx(9 / 30)
     assert summary.bytes_per_token == pytest.approx(15.0)

@@ -189,7 +189,8 @@ def create_app(engine: Engine) -> FastAPI:
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
         outs = await asyncio.gather(*(engine.complete(job) for job, _ in jobs))
         _note_tokens(request, sum(out.completion_tokens for out in outs))
-        return JSONResponse(completion_response(outs, req.model, echoes).model_dump(),
+        return JSONResponse(completion_response(outs, req.model, echoes,
+                                                req.return_token_ids).model_dump(),
                             headers=verification_headers(outs))
 
     @app.post("/v1/chat/completions")

@@ -193,6 +193,8 @@ class CompletionRequest(_Request):
     suffix: str | None = Field(None, description="fill-in-the-middle is not supported: a "
                                                  "non-empty suffix is ignored with a warning")
     best_of: int | None = None
+    return_token_ids: bool = Field(False, description="vLLM's extension: each choice also "
+                                                      "lists its completion token ids")
 
     @field_validator("prompt")
     @classmethod
@@ -387,6 +389,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: None = None
     finish_reason: Literal["stop", "length"] | None
+    token_ids: list[int] | None = Field(None, description="with return_token_ids: the "
+                                                          "completion's token ids")
     tandem: TandemStats | None = Field(None, description="this choice's stats, when a request "
                                                          "has several prompts")
 

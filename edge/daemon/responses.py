@@ -36,7 +36,8 @@ def usage(out: GenerationOutput) -> Usage:
 
 
 def completion_response(outs: Sequence[GenerationOutput], model: str,
-                        echo_texts: Sequence[str] = ()) -> CompletionResponse:
+                        echo_texts: Sequence[str] = (),
+                        token_ids: bool = False) -> CompletionResponse:
     """One choice per prompt (`index` in order); usage summed over them. `tandem` holds the
     first choice's stats (the only one for one prompt); each choice carries its own when there
     are several."""
@@ -45,6 +46,7 @@ def completion_response(outs: Sequence[GenerationOutput], model: str,
     return CompletionResponse(
         id=new_id("cmpl"), created=int(time.time()), model=model,
         choices=[CompletionChoice(index=i, text=echo + out.text, finish_reason=out.finish_reason,
+                                  token_ids=list(out.token_ids) if token_ids else None,
                                   tandem=out.stats if several else None)
                  for i, (out, echo) in enumerate(zip(outs, echoes))],
         usage=total_usage(outs), tandem=outs[0].stats)
