@@ -147,3 +147,12 @@ def test_sampled_output_through_the_daemon_has_the_targets_law(shipped_daemon, p
     observed = [counts.get(i, 0) for i in support]
     expected = [p[i] / sum(p[j] for j in support) * 150 for i in support]
     assert chisquare(observed, expected).pvalue > 1e-3, (observed, expected)
+
+
+def test_fast_mode_bench_smoke(capsys):
+    """`python -m bench.fast_mode` on one prompt: the shipped config's verified share and
+    agreement come out (the full run: 16 prompts x 64 tokens, README)."""
+    from bench.fast_mode import main
+    assert main(["--prompts", "1", "--max-tokens", "16"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "tokens verified" in line and "agreement" in line, line
