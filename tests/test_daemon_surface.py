@@ -375,6 +375,13 @@ def test_parsing_any_body_succeeds_or_is_a_400(body):
             assert error.status == 400 and error.message
 
 
+def test_tokenize_with_no_messages_is_a_400_not_a_500(http):
+    """Found by the fuzz test below: an empty `messages` list failed inside the handler."""
+    response = http.post("/tokenize", json={"messages": []})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "messages"
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.binary(max_size=300) | bodies.map(lambda b: json.dumps({**b, "max_tokens": 1}).encode()),
        path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize"]))

@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -152,8 +152,12 @@ def create_app(engine: Engine) -> FastAPI:
         if _surrogate_path(req.prompt) is not None:
             raise InvalidRequest("prompt holds a lone UTF-16 surrogate", param="prompt")
         if req.messages is not None:
-            chat = ChatCompletionRequest(model=config.model_name, messages=req.messages,
-                                         add_generation_prompt=req.add_generation_prompt)
+            try:
+                chat = ChatCompletionRequest(model=config.model_name, messages=req.messages,
+                                             add_generation_prompt=req.add_generation_prompt)
+            except ValidationError as exc:  # e.g. an empty list: a 400, as for chat requests
+                raise InvalidRequest(f"messages: {exc.errors()[0]['msg']}",
+                                     param="messages") from exc
             ids = list((await run_in_threadpool(engine.chat_job, chat)).prompt_ids)
         else:
             ids = await run_in_threadpool(engine.tokenizer.encode, req.prompt)
