@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from bench.bench.channels import held_out_profile, offsets_of, trace_pair
 from bench.bench.config import ALL_CONFIGURATIONS, BenchConfig, DeviceSpec, fixed_k, load_device
 from bench.bench.device import ThrottledDraft, joules
 from bench.bench.oracle import CloudOnly, OraclePolicy, match_runs
 from bench.bench.results import (ROW_FIELDS, Generation, Interval, Units, agreement, bootstrap,
                                  bootstrap_ratio, format_goals, format_table, goals, overall,
                                  rows_of, summarize, verdict, versus_one)
+from bench.channel import load_profile
 from edge.config import DeviceProfile
 from edge.control.policy import RoundView
 from edge.runtime.base import DraftRuntime
@@ -332,3 +334,47 @@ def test_energy_counts_draft_tokens_and_bytes():
                             joules_per_byte_down=1e-4)
     assert joules(profile, 10, 100, 1000) == pytest.approx(1.0 + 0.1 + 0.1)
     assert DeviceSpec(name="x").profile == DeviceProfile()
+
+
+def test_offsets_spread_over_the_trace_or_as_given_and_one_without_a_trace():
+    lte = load_profile(ROOT / "configs/channels/lte.yaml")   # ATT traces, period 120.002 s
+    assert offsets_of(lte, 4) == [0.0, 30.0, 60.001, 90.001]
+    assert offsets_of(lte, (5, 12.5)) == [5.0, 12.5]
+    assert offsets_of(load_profile(ROOT / "configs/channels/lan.yaml"), 4) == [0.0]
+    with pytest.raises(ValueError):
+        BenchConfig(offsets=0)
+    with pytest.raises(ValueError):
+        BenchConfig(offsets=(-1.0,))
+
+
+def test_held_out_trace_becomes_a_channel_with_the_base_profiles_delay(tmp_path):
+    up, down = tmp_path / "city.up", tmp_path / "city.down"
+    up.write_text("0\n5\n10\n")
+    down.write_text("0\n1\n2\n2\n10\n")
+    base = ROOT / "configs/channels/lte.yaml"
+    assert trace_pair(tmp_path / "city") == (up, down)
+    assert trace_pair(up) == (up, down) and trace_pair(down) == (up, down)
+    alone = tmp_path / "single.trace"
+    alone.write_text("0\n7\n")
+    assert trace_pair(alone) == (alone, alone)
+    profile = held_out_profile(tmp_path / "city", base)
+    lte = load_profile(base)
+    assert profile.name == "heldout-city" and profile.delay_ms == lte.delay_ms
+    assert profile.uplink.trace == str(up.resolve()) and profile.downlink.load_trace().per_period == 5
+    assert offsets_of(profile, 2) == [0.0, 0.005]
+    with pytest.raises(ConfigError):
+        held_out_profile(tmp_path / "nowhere", base)
+    bad = tmp_path / "bad.up"
+    bad.write_text("0\nfast\n")
+    with pytest.raises(ConfigError):
+        held_out_profile(bad, base)
+
+
+def test_a_channel_can_have_its_own_offsets():
+    config = load_config(ROOT / "configs/bench.yaml", BenchConfig)
+    flaky = load_profile(ROOT / "configs/channels/flaky.yaml")
+    starts = offsets_of(flaky, config.channel_offsets["flaky"])
+    # every flaky unit meets an outage window 1 s after its start
+    assert all(flaky.next_outage_start(s) - s == pytest.approx(1.0) for s in starts)
+    with pytest.raises(ValueError):
+        BenchConfig(channel_offsets={"flaky": 0})

@@ -81,6 +81,9 @@ class BenchConfig(Settings):
         "the trace's period, or a list of seconds into it; a channel without a trace has one (0). "
         "Each (prompt, offset) is one paired unit: every configuration starts the channel at "
         "the unit's offset, with the same jitter and loss draws"))
+    channel_offsets: dict[str, int | tuple[float, ...]] = Field(default_factory=dict, description=(
+        "per channel name, offsets replacing `offsets` (e.g. starts just before a flaky "
+        "profile's outage windows, which move with the trace's timeline)"))
     held_out_traces: tuple[Path, ...] = Field((), description=(
         "mahimahi trace files (PATH, or PATH.up / PATH.down) the run adds as channels, each "
         "with held_out_base's delay, jitter and loss"))
@@ -110,10 +113,11 @@ class BenchConfig(Settings):
         if unknown:
             raise ValueError(f"unknown configurations {unknown}; known: {', '.join(ALL_CONFIGURATIONS)}"
                              " (or fixed-kN)")
-        if isinstance(self.offsets, int) and self.offsets < 1:
-            raise ValueError("offsets: a count >= 1 or a list of seconds")
-        if not isinstance(self.offsets, int) and (not self.offsets or min(self.offsets) < 0):
-            raise ValueError("offsets: a non-empty list of seconds >= 0")
+        for offsets in (self.offsets, *self.channel_offsets.values()):
+            if isinstance(offsets, int) and offsets < 1:
+                raise ValueError("offsets: a count >= 1 or a list of seconds")
+            if not isinstance(offsets, int) and (not offsets or min(offsets) < 0):
+                raise ValueError("offsets: a non-empty list of seconds >= 0")
         if len(set(self.configurations)) != len(self.configurations):
             raise ValueError("configurations must not repeat")
         stray = set(self.client_overrides) - set(ALL_CONFIGURATIONS)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 from tqdm import tqdm
 
 from bench.bench.channels import offsets_of
@@ -171,7 +172,7 @@ def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: 
     runs = [match_runs(base_draft, p, ref, target.vocab_size) for p, ref in zip(prompts, references)]
     server, port = create_server(cloud, target)
     server.start()
-    offsets = {p.name: offsets_of(p, config.offsets) for p in channels}
+    offsets = {p.name: offsets_of(p, config.channel_offsets.get(p.name, config.offsets)) for p in channels}
     total = len(devices) * len(prompts) * len(names) * sum(len(o) for o in offsets.values())
     bar = tqdm(total=total, unit="gen", disable=not progress, leave=False)
     try:
@@ -197,6 +198,8 @@ def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: 
                             for offset in offsets[profile.name]:
                                 for name in names:
                                     proxy.rewind(offset, seed=f"{profile.seed}:{config.seed}:{i}:{offset}")
+                                    if name != "edge-only":
+                                        _reconnect(channel, edge.cloud.max_reconnect_backoff_s + 2.0)
                                     g = _one(config, name, clients[name], draft, device,
                                              profile.name, i, prompt, references[i], runs[i])
                                     g.offset_s = offset
@@ -251,6 +254,18 @@ def _one(config: BenchConfig, name: str, client: EdgeClient, draft: DraftRuntime
     g.joules = joules(device.profile, g.draft_tokens, g.bytes_up, g.bytes_down)
     g.agreement = agreement(tokens, reference)
     return g
+
+
+def _reconnect(channel: grpc.Channel, timeout_s: float) -> bool:
+    """Wait, untimed, until the channel is connected: a link an outage broke during the previous
+    configuration's request must not make the next one start in reconnect backoff. False when
+    it does not connect in time (the unit starts inside an outage window): the request then
+    meets the outage, as it would."""
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
 
 
 def _warm_up(edge: EdgeConfig, port: int, draft: DraftRuntime, prompts: Sequence[list[int]],
