@@ -24,8 +24,8 @@ def add_parser(sub) -> None:
     bench.add_argument("--prompts", type=int, default=None, help="override prompts per configuration")
     bench.add_argument("--offsets", type=_offsets, default=None, metavar="N | S,S,...",
                        help="trace offsets per prompt on a trace-driven channel: a count spread "
-                            "evenly over the trace, or seconds into it (each (prompt, offset) is "
-                            "one paired unit)")
+                            "evenly over the trace, or seconds into it (one second value: 30.0); "
+                            "each (prompt, offset) is one paired unit")
     bench.add_argument("--held-out-trace", action="append", type=Path, default=None, metavar="PATH",
                        help="add a channel replaying this mahimahi trace (PATH, or PATH.up and "
                             "PATH.down) with the delay and loss of held_out_base (configs/channels/"
