@@ -9,9 +9,11 @@
       N concurrent streams through a daemon against one verifier (both started as processes):
       tokens/s total and per stream, p50/p99 TTFT and TPOT, verifier batch sizes, peak RSS
   tandem bench [--config configs/bench.yaml] [--channel FILE.yaml ...] [--device NAME ...]
-               [--json PATH] [--plots DIR] [--prompts N] [--max-tokens M]
+               [--json PATH] [--plots DIR] [--prompts N] [--offsets N|S,S] [--max-tokens M]
+               [--held-out-trace PATH ...]
       every configuration (cloud-only, edge-only, fixed k, peers' rules, adaptive, oracle) per
-      channel and device profile: table, goal ratios, JSON and PNG plots (bench/bench/)
+      channel and device profile, paired per (prompt, trace offset): table, goal ratios with
+      95% bootstrap intervals and verdicts, JSON and PNG plots (bench/bench/)
 """
 from __future__ import annotations
 

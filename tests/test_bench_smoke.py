@@ -1,7 +1,8 @@
 """`tandem bench` end to end on a seconds-long workload: the real verifier, channel emulators
-(one on a real LTE capacity trace from ../shared/traces, given as a --channel file), a throttled
-phone-class draft and the edge clients, all on loopback; the table, goal ratios, JSON rows with
-the issue's fields and the PNG plots come out."""
+(one on a real LTE capacity trace from ../shared/traces, given as --held-out-trace and replayed
+from two offsets), a throttled phone-class draft and the edge clients, all on loopback; the
+table, goal ratios with their intervals and verdicts, JSON rows with the issue's fields and the
+PNG plots come out, and every configuration ran on every (prompt, offset) unit."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,9 @@ torch.set_num_threads(1)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 CONFIGS = ["cloud-only", "edge-only", "fixed-k1", "fixed-k4", "hf-heuristic", "adaptive",
-           "adaptive-pipelined", "oracle"]
+           "adaptive-pipelined", "adaptive-capped", "oracle"]
+HELD_OUT = "heldout-TMobile-LTE-short"
+VERDICTS = {"met", "not met", "tie", "n/a"}
 
 
 @pytest.fixture
@@ -27,11 +30,8 @@ def tiny_bench(tmp_path, target_dir, draft_dir, gguf_path):
     trace = SHARED_TRACES / "TMobile-LTE-short.up"
     if not trace.is_file():
         pytest.skip(f"no shared LTE trace at {trace}")
-    channel = tmp_path / "tmobile.yaml"
-    channel.write_text(yaml.safe_dump({
-        "name": "tmobile", "description": "T-Mobile LTE trace, 5 ms one-way",
-        "delay_ms": 5.0, "uplink": {"trace": str(trace)},
-        "downlink": {"trace": str(SHARED_TRACES / "TMobile-LTE-short.down")}}))
+    base = tmp_path / "near.yaml"  # the held-out trace's delay: 5 ms one-way keeps it short
+    base.write_text(yaml.safe_dump({"name": "near", "delay_ms": 5.0}))
     device = tmp_path / "slowphone.yaml"
     device.write_text(yaml.safe_dump({
         "name": "phone", "draft_tokens_per_s": 300.0, "prefill_tokens_per_s": 20000.0,
@@ -44,16 +44,18 @@ def tiny_bench(tmp_path, target_dir, draft_dir, gguf_path):
         "cloud_overrides": {"model": {"path": str(target_dir), "device": "cpu"},
                             "batch": {"window_ms": 0.0}},
         "configurations": CONFIGS, "warmup_requests": 1, "max_prompt_chars": 300,
-        "lte_channel": "tmobile"}))
-    return config, channel, device
+        "lte_channel": HELD_OUT, "held_out_base": str(base), "resamples": 200,
+        "goal_rtt_ms": 10.0}))
+    return config, trace, device
 
 
 def test_bench_writes_rows_goals_and_plots(tiny_bench, tmp_path, capsys):
-    config, channel, device = tiny_bench
+    config, trace, device = tiny_bench
     out = tmp_path / "out"
     code = main(["bench", "--config", str(config), "--channel", "configs/channels/lan.yaml",
-                 "--channel", str(channel), "--device", "laptop", "--device", str(device),
-                 "--prompts", "2", "--max-tokens", "8", "--json", str(out / "bench.json"),
+                 "--held-out-trace", str(trace), "--device", "laptop", "--device", str(device),
+                 "--prompts", "2", "--offsets", "2", "--max-tokens", "8",
+                 "--json", str(out / "bench.json"), "--generations", str(out / "gens.jsonl"),
                  "--plots", str(out), "--markdown", str(out / "bench.md"), "--no-progress"])
     printed = capsys.readouterr().out
     assert code == 0, printed
@@ -62,11 +64,27 @@ def test_bench_writes_rows_goals_and_plots(tiny_bench, tmp_path, capsys):
     result = json.loads((out / "bench.json").read_text())
     rows = result["rows"]
     assert all(tuple(row) == ROW_FIELDS for row in rows)
-    # a configuration this build cannot run (its policy not registered) is named, not faked
-    assert set(result["skipped"]) <= {"adaptive", "adaptive-pipelined"}
+    # a configuration this build cannot run (its policy not registered, or adaptive-capped's
+    # max_passes_per_token before ClientConfig has it) is named, not faked
+    assert set(result["skipped"]) <= {"adaptive", "adaptive-pipelined", "adaptive-capped"}
     ran = [n for n in CONFIGS if n not in result["skipped"]]
+    channels = ("lan", HELD_OUT)
     cells = {(r["channel"], r["device"], r["config"]) for r in rows}
-    assert cells == {(c, d, n) for c in ("lan", "tmobile") for d in ("laptop", "phone") for n in ran}
+    assert cells == {(c, d, n) for c in channels for d in ("laptop", "phone") for n in ran}
+
+    # paired units: the trace channel from 2 offsets spread over its period, the rate link from
+    # one; every configuration of a cell ran on exactly the same (prompt, offset) units
+    period = 139.986  # the shorter of the TMobile traces (.down)
+    assert result["offsets"] == {"lan": [0.0], HELD_OUT: [0.0, pytest.approx(period / 2, abs=1e-3)]}
+    units: dict[tuple[str, str, str], set] = {}
+    for line in (out / "gens.jsonl").read_text().splitlines():
+        g = json.loads(line)
+        units.setdefault((g["channel"], g["device"], g["config"]), set()).add((g["prompt"], g["offset_s"]))
+    for (channel_name, device_name, name), seen in units.items():
+        assert seen == {(p, o) for p in (0, 1) for o in result["offsets"][channel_name]}
+    for row in rows:
+        assert row["prompts"] == 2 and row["units"] == 2 * len(result["offsets"][row["channel"]])
+        assert row["tokens_per_s_low"] <= row["tokens_per_s"] <= row["tokens_per_s_high"]
     by = {(r["channel"], r["device"], r["config"]): r for r in rows}
     details = {(d["channel"], d["device"], d["config"]): d for d in result["details"]}
     assert set(details) == set(by)
@@ -82,16 +100,30 @@ def test_bench_writes_rows_goals_and_plots(tiny_bench, tmp_path, capsys):
                 assert row["agreement"] == 1.0, (channel_name, device_name, name)
             assert 0 < row["passes_per_token"] <= 1.0 and row["bytes_per_token"] > 0
         assert row["joules_per_token"] > 0 or device_name == "laptop" and name == "cloud-only"
-    for channel_name in ("lan", "tmobile"):
+    for channel_name in channels:
         for device_name in ("laptop", "phone"):
             cell = {n: by[(channel_name, device_name, n)] for n in ran}
             # the oracle never wastes a round: no more target passes than any fixed k
             assert cell["oracle"]["passes_per_token"] <= cell["fixed-k4"]["passes_per_token"]
             assert cell["oracle"]["tau"] >= cell["fixed-k1"]["tau"]
             assert cell["fixed-k1"]["tau"] <= 2.0
-    assert {g["goal"] for g in result["goals"]} and all(
-        set(g) == {"goal", "measured", "met", "detail"} for g in result["goals"])
+    goals = {g["goal"]: g for g in result["goals"]}
+    assert all(set(g) == {"goal", "measured", "met", "detail", "low", "high", "verdict",
+                          "threshold", "cells"} and g["verdict"] in VERDICTS for g in goals.values())
+    other = goals["adaptive >= 0.95x the best other verified configuration (cloud-only included)"]
+    if "adaptive" in ran:
+        assert len(other["cells"]) == 4
+        for cell in other["cells"]:
+            assert cell["b"] not in ("edge-only", "oracle", "adaptive-pipelined", "adaptive-capped")
+            assert cell["low"] <= cell["value"] <= cell["high"] and cell["verdict"] in VERDICTS
+            assert cell["versus_one"] in ("faster", "slower", "tie")
+        peer = next(g for name, g in goals.items() if name.startswith("adaptive >= 1.1x"))
+        assert {c["cell"] for c in peer["cells"]} == {f"{HELD_OUT}/laptop", f"{HELD_OUT}/phone"}
+    capped = [g for name, g in goals.items() if name.startswith("adaptive-capped")]
+    assert len(capped) == 2 and all(len(g["cells"]) == (4 if "adaptive-capped" in ran else 0)
+                                    for g in capped)
     markdown = (out / "bench.md").read_text()
     assert markdown.startswith("| channel | device | config |") and "| goal |" in markdown
+    assert "95% CI" in markdown
     for png in ("bench_tokens_per_s.png", "bench_session_trace.png"):
         assert (out / png).read_bytes()[:8] == PNG_MAGIC

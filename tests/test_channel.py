@@ -294,6 +294,33 @@ def test_queue_limit_admits_again_only_when_the_bottleneck_has_drained():
     assert link.admit_at(0.25) == 0.25
 
 
+def test_restart_replays_the_same_stretch_of_trace_with_the_same_draws():
+    """What a bench unit relies on: a link restarted at link time t0 with seed s delivers the
+    same bytes at the same times after the restart, whenever (in proxy time) it happens and
+    whatever the link carried before."""
+    prof = profile(delay_ms=30.0, jitter_ms=5.0, loss=0.02, loss_stall_ms=50.0,
+                   uplink=LinkSpec(trace=ATT_UP), queue_bytes=10**8)
+
+    def replay(link: DirectionLink, now: float) -> list[tuple[float, int]]:
+        link.restart(42.0, now, seed="unit-3")
+        stream = StreamClock()
+        return [(round(p.deliver_at - now, 9), p.nbytes)
+                for i in range(40) for p in link.send(stream, now + 0.05 * i, 4000)]
+
+    fresh = DirectionLink.from_profile(prof, "uplink")
+    used = DirectionLink.from_profile(prof, "uplink")
+    used.send(StreamClock(), 0.0, 2_000_000)            # busy earlier, at another stretch
+    assert replay(fresh, 0.0) == replay(used, 17.3)
+    trace = load_trace(ROOT / ATT_UP)
+    assert replay(fresh, 0.0) != [(round(p.deliver_at, 9), p.nbytes) for p in
+                                  DirectionLink.from_profile(prof, "uplink").send(StreamClock(), 0.0, 4000)]
+    # saturated from the restart on, it carries exactly the trace's capacity from t0
+    link = DirectionLink.from_profile(profile(uplink=LinkSpec(trace=ATT_UP), queue_bytes=10**8), "uplink")
+    link.restart(42.0, 5.0, seed="x")
+    pieces = link.send(StreamClock(), 5.0, 3_000_000)
+    assert delivered_by(pieces, 6.0) == trace.capacity_bytes(42.0, 43.0 + 1e-9)
+
+
 # ---- the proxy between real sockets -----------------------------------------------------------
 
 def test_round_trip_delay_matches_the_profile(echo_server):
@@ -440,6 +467,22 @@ def test_outage_resets_open_connections_refuses_new_ones_then_recovers(echo_serv
             assert round_trip_ms(after, b"after") < 100
         stats = proxy.stats()
     assert stats.reset == 1 and stats.refused == 1 and stats.accepted == 2
+
+
+def test_rewind_moves_the_outage_schedule_with_the_timeline(echo_server):
+    prof = profile(delay_ms=2.0, outages=[OutageWindow(start_s=100.0, duration_s=0.5)])
+    with ChannelProxy(prof, upstream=echo_server.address) as proxy:
+        with connect(proxy.address) as before:
+            round_trip_ms(before, b"before")
+            proxy.rewind(99.8)                          # 0.2 s before the window opens
+            assert proxy.link_time() == pytest.approx(99.8, abs=0.05)
+            with pytest.raises(ConnectionResetError):
+                before.recv(16)
+        proxy.rewind(3.0)                               # far from any window: accepted again
+        with connect(proxy.address) as after:
+            assert round_trip_ms(after, b"after") < 100
+        stats = proxy.stats()
+    assert stats.reset == 1 and stats.accepted == 2 and not stats.in_outage
 
 
 def test_many_concurrent_connections_and_stats_equal_endpoint_counts(echo_server):

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from tandem.config import load_config, merge, parse_set_options, resolve_path
+from tandem.config import ConfigError, load_config, merge, parse_set_options, resolve_path
 
 DEFAULT_OUT = Path("out/bench")
 
@@ -22,6 +22,14 @@ def add_parser(sub) -> None:
     bench.add_argument("--configs", default=None,
                        help="comma-separated subset of configurations, e.g. fixed-k4,adaptive")
     bench.add_argument("--prompts", type=int, default=None, help="override prompts per configuration")
+    bench.add_argument("--offsets", type=_offsets, default=None, metavar="N | S,S,...",
+                       help="trace offsets per prompt on a trace-driven channel: a count spread "
+                            "evenly over the trace, or seconds into it (one second value: 30.0); "
+                            "each (prompt, offset) is one paired unit")
+    bench.add_argument("--held-out-trace", action="append", type=Path, default=None, metavar="PATH",
+                       help="add a channel replaying this mahimahi trace (PATH, or PATH.up and "
+                            "PATH.down) with the delay and loss of held_out_base (configs/channels/"
+                            "lte.yaml); repeatable"),
     bench.add_argument("--max-tokens", type=int, default=None, help="override tokens per request")
     bench.add_argument("--json", type=Path, default=None, help=f"results (default {DEFAULT_OUT}/bench.json)")
     bench.add_argument("--plots", type=Path, default=None, help=f"PNG directory (default {DEFAULT_OUT})")
@@ -36,17 +44,32 @@ def add_parser(sub) -> None:
     bench.set_defaults(run=run)
 
 
+def _offsets(text: str) -> int | list[float]:
+    """--offsets 4 (a count) or --offsets 0,30,60 (seconds)."""
+    try:
+        return int(text) if "," not in text and "." not in text else [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a count or comma-separated seconds, not {text!r}") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    from bench.bench.channels import held_out_profile
     from bench.bench.config import BenchConfig, load_device
     from bench.channel import load_profile
 
     flags = {"prompts": args.prompts, "max_tokens": args.max_tokens,
              "channels": [str(c) for c in args.channel] if args.channel else None,
-             "devices": args.device,
+             "devices": args.device, "offsets": args.offsets,
+             "held_out_traces": [str(p) for p in args.held_out_trace] if args.held_out_trace else None,
              "configurations": args.configs.split(",") if args.configs else None}
     config = load_config(args.config, BenchConfig, merge(parse_set_options(args.set), flags),
                          env_prefix="TANDEM_BENCH_")
     channels = [load_profile(resolve_path(path)) for path in config.channels]  # fail early
+    channels += [held_out_profile(Path(path), resolve_path(config.held_out_base))
+                 for path in config.held_out_traces]
+    names = [c.name for c in channels]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two channels with one name: {names}")
     devices = [load_device(config, name) for name in config.devices]
 
     from bench.bench.results import format_goals, format_table

@@ -19,8 +19,15 @@ from tandem.config import Settings, load_config, resolve_path
 BASELINES = ("cloud-only", "edge-only")
 PEERS = ("hf-heuristic", "llamacpp-pmin", "sglang-ema")
 FIXED_KS = (1, 2, 4, 8, 16)
+ADAPTIVE_FAMILY = ("adaptive", "adaptive-pipelined", "adaptive-capped")  # one controller
+UNVERIFIED = ("edge-only",)      # tokens the target never checked
 ALL_CONFIGURATIONS = (*BASELINES, *(f"fixed-k{k}" for k in FIXED_KS), *PEERS,
-                      "adaptive", "adaptive-pipelined", "oracle")
+                      *ADAPTIVE_FAMILY, "oracle")
+DEFAULT_CLIENT_OVERRIDES = {
+    "adaptive-pipelined": {"draft_ahead": True, "send_ahead": 4},
+    # an operator's server-cost cap: at most 0.30 target passes per token
+    "adaptive-capped": {"max_passes_per_token": 0.30},
+}
 _FIXED = re.compile(r"^fixed-k(\d+)$")
 
 
@@ -61,13 +68,31 @@ class BenchConfig(Settings):
     configurations: tuple[str, ...] = Field(ALL_CONFIGURATIONS, min_length=1,
                                             description="configurations run per channel and device")
     client_overrides: dict[str, dict[str, Any]] = Field(
-        default_factory=lambda: {"adaptive-pipelined": {"draft_ahead": True, "send_ahead": 4}},
+        default_factory=lambda: {k: dict(v) for k, v in DEFAULT_CLIENT_OVERRIDES.items()},
         description=("per configuration, nested overrides of the edge client config "
                      "(edge.config.ClientConfig), e.g. the adaptive controller's pipelining for "
-                     "adaptive-pipelined"))
+                     "adaptive-pipelined; validated when the run starts, and a configuration "
+                     "whose overrides this build's ClientConfig rejects is skipped, with why"))
     prompts_file: Path = Field(Path("models/prompts/heldout.jsonl"),
                                description="held-out code prompts, one JSON object with 'prompt' a line")
-    prompts: int = Field(6, ge=1, le=1000, description="prompts per configuration (the same ones)")
+    prompts: int = Field(16, ge=1, le=1000, description="prompts per configuration (the same ones)")
+    offsets: int | tuple[float, ...] = Field(4, description=(
+        "trace offsets per prompt on a channel that replays a trace: a count spread evenly over "
+        "the trace's period, or a list of seconds into it; a channel without a trace has one (0). "
+        "Each (prompt, offset) is one paired unit: every configuration starts the channel at "
+        "the unit's offset, with the same jitter and loss draws"))
+    channel_offsets: dict[str, int | tuple[float, ...]] = Field(default_factory=dict, description=(
+        "per channel name, offsets replacing `offsets` (e.g. starts just before a flaky "
+        "profile's outage windows, which move with the trace's timeline)"))
+    held_out_traces: tuple[Path, ...] = Field((), description=(
+        "mahimahi trace files (PATH, or PATH.up / PATH.down) the run adds as channels, each "
+        "with held_out_base's delay, jitter and loss"))
+    held_out_base: Path = Field(Path("configs/channels/lte.yaml"), description=(
+        "the channel profile a held-out trace replaces the capacity of"))
+    resamples: int = Field(2000, ge=100, le=1_000_000, description=(
+        "bootstrap resamples of the prompts behind every interval"))
+    confidence: float = Field(0.95, gt=0, lt=1, description="coverage of the bootstrap intervals")
+    seed: int = Field(0, ge=0, description="seed of the bootstrap and of the units' link draws")
     prompt_offset: int = Field(0, ge=0, description="index of the first prompt used")
     max_prompt_chars: int = Field(800, ge=1, le=100_000,
                                   description="longer prompts keep their last this many characters")
@@ -88,6 +113,11 @@ class BenchConfig(Settings):
         if unknown:
             raise ValueError(f"unknown configurations {unknown}; known: {', '.join(ALL_CONFIGURATIONS)}"
                              " (or fixed-kN)")
+        for offsets in (self.offsets, *self.channel_offsets.values()):
+            if isinstance(offsets, int) and offsets < 1:
+                raise ValueError("offsets: a count >= 1 or a list of seconds")
+            if not isinstance(offsets, int) and (not offsets or min(offsets) < 0):
+                raise ValueError("offsets: a non-empty list of seconds >= 0")
         if len(set(self.configurations)) != len(self.configurations):
             raise ValueError("configurations must not repeat")
         stray = set(self.client_overrides) - set(ALL_CONFIGURATIONS)

@@ -1,5 +1,6 @@
-"""The bench's PNG plots: tokens/s per configuration and profile, and one adaptive session on
-the LTE trace over time (draft length k, accepted length, round-trip time)."""
+"""The bench's PNG plots: tokens/s per configuration and profile (with 95% bootstrap intervals
+over prompts as error bars), and one adaptive session on the LTE trace over time (draft length
+k, accepted length, round-trip time)."""
 from __future__ import annotations
 
 import math
@@ -20,6 +21,7 @@ def write_plots(out_dir: Path, rows: Sequence[Row], trace: Sequence[dict], trace
     profiles = list(dict.fromkeys((r.channel, r.device) for r in rows))
     configs = list(dict.fromkeys(r.config for r in rows))
     speed = {(r.channel, r.device, r.config): r.tokens_per_s for r in rows}
+    row_of = {(r.channel, r.device, r.config): r for r in rows}
     cols = min(3, len(profiles))
     nrows = math.ceil(len(profiles) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 3.6 * nrows), squeeze=False)
@@ -32,6 +34,13 @@ def write_plots(out_dir: Path, rows: Sequence[Row], trace: Sequence[dict], trace
         others = [v for c, v in zip(configs, values) if c != "edge-only"] or values
         top = max(others) * 1.25 if max(others) > 0 else 1.0
         bars = ax.bar(range(len(configs)), [min(v, top) for v in values], color=colors)
+        # the 95% bootstrap interval over prompts, where it could be estimated (not clipped bars)
+        for x, c in enumerate(configs):
+            r = row_of.get((channel, device, c))
+            if r is not None and r.tokens_per_s_low is not None and r.tokens_per_s <= top:
+                ax.errorbar(x, r.tokens_per_s, yerr=[[r.tokens_per_s - r.tokens_per_s_low],
+                                                     [min(r.tokens_per_s_high, top) - r.tokens_per_s]],
+                            fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
         for bar, value in zip(bars, values):
             ax.annotate(f"{value:.0f}" if value >= 10 else f"{value:.1f}",
                         (bar.get_x() + bar.get_width() / 2, min(value, top)),

@@ -8,8 +8,11 @@
   one EdgeClient per configuration (its policy lives across the prompts, as in a real edge),
   all on one draft runtime per device (ThrottledDraft for a slower device)
 
-Per (device, channel) the prompts run in turn and, for each prompt, every configuration, so
-that a drift of this shared machine's load hits all configurations alike. edge-only runs the
+Per (device, channel) the units run in turn, a unit being one (prompt, trace offset), and for
+each unit every configuration, each with the channel rewound to the unit's offset (the same
+stretch of the trace, the same jitter and loss draws), so that all configurations of a unit meet
+the same link and a drift of this shared machine's load hits them alike; the goal ratios are
+then paired per unit (bench/bench/results.py). edge-only runs the
 draft alone (no verifier); cloud-only asks the verifier to generate (Plan.cloud_generate); the
 oracle drafts exactly the accepted length known in advance (bench/bench/oracle.py).
 """
@@ -21,8 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 from tqdm import tqdm
 
+from bench.bench.channels import offsets_of
 from bench.bench.config import BenchConfig, DeviceSpec, fixed_k
 from bench.bench.device import ThrottledDraft, joules
 from bench.bench.oracle import CloudOnly, OraclePolicy, match_runs, target_greedy
@@ -84,6 +89,11 @@ def client_config(config: BenchConfig, base: ClientConfig, name: str, device: De
         return ClientConfig.model_validate(tree)
     except ValueError as error:
         raise ConfigError(f"client config of {name}: {error}") from None
+
+
+def cap_of(config: BenchConfig) -> float:
+    """adaptive-capped's passes-per-token cap, as its client overrides set it (0.30 default)."""
+    return float(config.client_overrides.get("adaptive-capped", {}).get("max_passes_per_token", 0.30))
 
 
 def build_policy(name: str, client: ClientConfig) -> DraftPolicy:
@@ -162,7 +172,8 @@ def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: 
     runs = [match_runs(base_draft, p, ref, target.vocab_size) for p, ref in zip(prompts, references)]
     server, port = create_server(cloud, target)
     server.start()
-    total = len(devices) * len(channels) * len(prompts) * len(names)
+    offsets = {p.name: offsets_of(p, config.channel_offsets.get(p.name, config.offsets)) for p in channels}
+    total = len(devices) * len(prompts) * len(names) * sum(len(o) for o in offsets.values())
     bar = tqdm(total=total, unit="gen", disable=not progress, leave=False)
     try:
         for device in devices:
@@ -184,13 +195,18 @@ def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: 
                             own = base_draft if name == "cloud-only" else draft
                             clients[name] = EdgeClient(channel, own, cc, policy=build_policy(name, cc))
                         for i, prompt in enumerate(prompts):
-                            for name in names:
-                                g = _one(config, name, clients[name], draft, device, profile.name,
-                                         i, prompt, references[i], runs[i])
-                                result.generations.append(g)
-                                if on_generation is not None:
-                                    on_generation(g)
-                                bar.update(1)
+                            for offset in offsets[profile.name]:
+                                for name in names:
+                                    proxy.rewind(offset, seed=f"{profile.seed}:{config.seed}:{i}:{offset}")
+                                    if name != "edge-only":
+                                        _reconnect(channel, edge.cloud.max_reconnect_backoff_s + 2.0)
+                                    g = _one(config, name, clients[name], draft, device,
+                                             profile.name, i, prompt, references[i], runs[i])
+                                    g.offset_s = offset
+                                    result.generations.append(g)
+                                    if on_generation is not None:
+                                        on_generation(g)
+                                    bar.update(1)
                     finally:
                         channel.close()
     finally:
@@ -198,11 +214,13 @@ def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: 
         server.stop(0).wait(30)
         base_draft.close()
 
-    result.rows = rows_of(result.generations)
+    stats = dict(resamples=config.resamples, confidence=config.confidence, seed=config.seed)
+    result.rows = rows_of(result.generations, **stats)
     rtt = {p.name: 2.0 * p.delay_ms for p in channels}
     phone = next((d.name for d in devices if d.name == "phone"), devices[-1].name)
-    result.goals = goals(result.rows, rtt, lte_channel=config.lte_channel, phone_device=phone,
-                         peer_rtt_ms=config.goal_rtt_ms, pipelining_rtt_ms=config.pipelining_goal_rtt_ms)
+    result.goals = goals(result.generations, rtt, lte_channel=config.lte_channel, phone_device=phone,
+                         peer_rtt_ms=config.goal_rtt_ms, pipelining_rtt_ms=config.pipelining_goal_rtt_ms,
+                         cap_passes_per_token=cap_of(config), **stats)
     result.trace, result.trace_title = _session_trace(result.generations, config.lte_channel)
     result.elapsed_s = time.monotonic() - started
     if json_path is not None:
@@ -210,6 +228,7 @@ def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: 
             "config": config.model_dump(mode="json"),
             "channels": {p.name: p.model_dump(mode="json") for p in channels},
             "devices": {d.name: d.model_dump(mode="json") for d in devices},
+            "offsets": offsets,
             "skipped": result.skipped, "elapsed_s": result.elapsed_s,
             "details": details_of(result.generations),
             "trace": {"title": result.trace_title, "rounds": result.trace}})
@@ -235,6 +254,18 @@ def _one(config: BenchConfig, name: str, client: EdgeClient, draft: DraftRuntime
     g.joules = joules(device.profile, g.draft_tokens, g.bytes_up, g.bytes_down)
     g.agreement = agreement(tokens, reference)
     return g
+
+
+def _reconnect(channel: grpc.Channel, timeout_s: float) -> bool:
+    """Wait, untimed, until the channel is connected: a link an outage broke during the previous
+    configuration's request must not make the next one start in reconnect backoff. False when
+    it does not connect in time (the unit starts inside an outage window): the request then
+    meets the outage, as it would."""
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
 
 
 def _warm_up(edge: EdgeConfig, port: int, draft: DraftRuntime, prompts: Sequence[list[int]],

@@ -49,6 +49,10 @@ class Bottleneck(ABC):
     @abstractmethod
     def serialise(self, arrival_s: float, nbytes: int) -> float: ...
 
+    @abstractmethod
+    def restart(self) -> None:
+        """Forget what is queued: the link's clock is about to jump (DirectionLink.restart)."""
+
 
 class RateBottleneck(Bottleneck):
     def __init__(self, rate_bps: float):
@@ -60,6 +64,9 @@ class RateBottleneck(Bottleneck):
         start = max(arrival_s, self._busy_until)
         self._busy_until = start + nbytes * 8 / self.rate_bps
         return self._busy_until
+
+    def restart(self) -> None:
+        self._busy_until = -math.inf
 
 
 class TraceBottleneck(Bottleneck):
@@ -87,6 +94,9 @@ class TraceBottleneck(Bottleneck):
             if nbytes == 0:
                 return finish
 
+    def restart(self) -> None:
+        self._next, self._left = 0, PACKET_BYTES
+
 
 def make_bottleneck(spec: LinkSpec) -> Bottleneck:
     if spec.rate_mbps is not None:
@@ -104,6 +114,8 @@ class DirectionLink:
     stall_s: float
     queue_bytes: int
     rng: random.Random
+    direction: Direction = "uplink"
+    shift_s: float = 0.0    # link time (of the trace, the outages) = proxy time + shift_s
     packets: int = 0
     losses: int = 0
     _backlog: deque[tuple[float, int]] = field(default_factory=deque)  # (serialised at, bytes)
@@ -116,7 +128,16 @@ class DirectionLink:
                    jitter_s=profile.jitter_ms / 1000, loss=profile.loss,
                    stall_s=profile.stall_ms / 1000, queue_bytes=profile.queue_bytes,
                    # One seeded stream per direction, so a run is reproducible from the profile.
-                   rng=random.Random(f"{profile.seed}:{direction}"))
+                   rng=random.Random(f"{profile.seed}:{direction}"), direction=direction)
+
+    def restart(self, link_time_s: float, now_s: float, seed: str) -> None:
+        """From proxy time `now_s` on, the link is at `link_time_s` of its timeline (a trace
+        offset) with fresh jitter and loss draws from `seed`: what lets every configuration of a
+        bench unit meet the same conditions. Call it while the link is idle: the bottleneck
+        forgets what it was serialising."""
+        self.shift_s = link_time_s - now_s
+        self.bottleneck.restart()
+        self.rng = random.Random(f"{seed}:{self.direction}")
 
     def queued_bytes(self, now_s: float) -> int:
         """Bytes accepted but not yet through the bottleneck at `now_s`."""
@@ -142,7 +163,7 @@ class DirectionLink:
         group_start = -math.inf
         for offset in range(0, nbytes, PACKET_BYTES):
             size = min(PACKET_BYTES, nbytes - offset)
-            finish = self.bottleneck.serialise(arrival_s, size)
+            finish = self.bottleneck.serialise(arrival_s + self.shift_s, size) - self.shift_s
             self._backlog.append((finish, size))
             self._backlog_bytes += size
             deliver = finish + self._one_way_delay()

@@ -181,7 +181,8 @@ class ChannelProxy:
             "uplink": DirectionCounters(), "downlink": DirectionCounters()}
         self.accepted = self.reset_count = self.refused = self.upstream_failed = 0
         self.address: tuple[str, int] | None = None
-        self.epoch: float | None = None  # time.monotonic() at which link time 0 began
+        self.epoch: float | None = None  # time.monotonic() at which proxy time 0 began
+        self.shift_s = 0.0               # link time = proxy time + shift_s (rewind)
         self._relays: set[_Relay] = set()
         self._handlers: set[asyncio.Task] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -192,9 +193,37 @@ class ChannelProxy:
 
     # ---- link time -------------------------------------------------------------------------
     def now(self) -> float:
-        """Link time: seconds since the proxy started (the time base of traces and outages)."""
+        """Proxy time: seconds since the proxy started (the time base of every scheduled piece)."""
         assert self.epoch is not None, "proxy not started"
         return time.monotonic() - self.epoch
+
+    def link_time(self) -> float:
+        """Where the channel is on its own timeline (traces, outages): proxy time, unless a
+        rewind() moved it."""
+        return self.now() + self.shift_s
+
+    def rewind(self, link_time_s: float, seed: str = "") -> None:
+        """Put the channel at `link_time_s` of its timeline now, with jitter and loss draws
+        started afresh from `seed` (profile seed if empty): a bench replays the same stretch
+        of a trace for every configuration. Call it between requests, while the link is idle;
+        open connections stay open. Thread-safe when the proxy runs in its own thread."""
+        loop = self._loop
+        if self._thread is not None and loop is not None and loop.is_running() \
+                and threading.current_thread() is not self._thread:
+            async def on_loop() -> None:
+                self._rewind(link_time_s, seed)
+            asyncio.run_coroutine_threadsafe(on_loop(), loop).result(STOP_TIMEOUT_S)
+        else:
+            self._rewind(link_time_s, seed)
+
+    def _rewind(self, link_time_s: float, seed: str) -> None:
+        now = self.now()
+        self.shift_s = link_time_s - now
+        for link in self.links.values():
+            link.restart(link_time_s, now, seed or str(self.profile.seed))
+        if self._outage_task is not None:  # its next window moved with the timeline
+            self._outage_task.cancel()
+            self._outage_task = asyncio.get_running_loop().create_task(self._run_outages())
 
     # ---- inside an event loop --------------------------------------------------------------
     async def open(self) -> tuple[str, int]:
@@ -227,7 +256,7 @@ class ChannelProxy:
             self._handlers.discard(task)
 
     async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        if self.profile.in_outage(self.now()):
+        if self.profile.in_outage(self.link_time()):
             self.refused += 1
             reset_transport(client_w)
             return
@@ -238,7 +267,7 @@ class ChannelProxy:
             self.upstream_failed += 1
             reset_transport(client_w)
             return
-        if self.profile.in_outage(self.now()):  # the window opened while we were connecting
+        if self.profile.in_outage(self.link_time()):  # the window opened while we were connecting
             self.refused += 1
             reset_transport(client_w)
             reset_transport(upstream[1])
@@ -253,12 +282,12 @@ class ChannelProxy:
 
     async def _run_outages(self) -> None:
         while True:
-            start = self.profile.next_outage_start(self.now())
+            start = self.profile.next_outage_start(self.link_time())
             if start is None:
                 return
             # asyncio may wake a timer up to its clock resolution early: sleep until truly past.
-            while self.now() <= start:
-                await asyncio.sleep(start - self.now() + 1e-4)
+            while self.link_time() <= start:
+                await asyncio.sleep(start - self.link_time() + 1e-4)
             for relay in list(self._relays):
                 relay.reset()
                 self.reset_count += 1
@@ -273,7 +302,7 @@ class ChannelProxy:
         return ProxyStats(uptime_s=uptime, accepted=self.accepted, active=len(self._relays),
                           reset=self.reset_count, refused=self.refused,
                           upstream_failed=self.upstream_failed,
-                          in_outage=self.profile.in_outage(uptime),
+                          in_outage=self.profile.in_outage(uptime + self.shift_s),
                           uplink=direction("uplink"), downlink=direction("downlink"))
 
     # ---- from synchronous code -------------------------------------------------------------
