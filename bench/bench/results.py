@@ -4,8 +4,10 @@ One `Generation` per (channel, device, configuration, unit), a unit being one (p
 offset) that every configuration of the cell ran; one `Row` per (channel, device,
 configuration) with the issue's fields, so other tools can read the JSON:
 
-  tokens_per_s      mean over requests of tokens / request wall time (ANCHORS: speed-up is a
-                    ratio of these means, same prompts, greedy)
+  tokens_per_s      mean over requests of verified tokens / request wall time (ANCHORS:
+                    speed-up is a ratio of these means, same prompts, greedy)
+  local_tokens_per_s  the same for tokens committed without the target (outage fallback,
+                    edge-only): never added into tokens_per_s
   ttft_s, tpot_s    mean over requests of TTFT and TPOT (tandem.metrics.tpot)
   tau               tandem.metrics.tau over every verification round of the configuration
   passes_per_token  tandem.metrics.passes_per_token: target passes / tokens, all requests
@@ -35,7 +37,7 @@ import numpy as np
 from bench.bench.config import ADAPTIVE_FAMILY, PEERS, UNVERIFIED, fixed_k
 from tandem import metrics
 
-ROW_FIELDS = ("channel", "device", "config", "tokens_per_s", "ttft_s", "tpot_s", "tau",
+ROW_FIELDS = ("channel", "device", "config", "tokens_per_s", "local_tokens_per_s", "ttft_s", "tpot_s", "tau",
               "passes_per_token", "bytes_per_token", "joules_per_token", "agreement",
               "tokens_per_s_low", "tokens_per_s_high", "prompts", "units")
 ADAPTIVE = ("adaptive-pipelined", "adaptive")  # the first that ran is "adaptive" in the older goals
@@ -71,7 +73,8 @@ class Row:
     channel: str
     device: str
     config: str
-    tokens_per_s: float
+    tokens_per_s: float                      # verified tokens per second
+    local_tokens_per_s: float                # unverified tokens per second (kept apart)
     ttft_s: float
     tpot_s: float
     tau: float
@@ -102,8 +105,14 @@ def _ratio(num: float, den: float) -> float:
 
 
 def speed(g: Generation) -> float:
-    """Tokens per second of one request (0 for a request that took no time)."""
-    return _ratio(g.tokens, g.wall_s)
+    """Verified tokens per second of one request (0 for a request that took no time): the
+    speed every goal compares. Local tokens are the draft's alone and count apart."""
+    return _ratio(g.tokens - g.unverified, g.wall_s)
+
+
+def local_speed(g: Generation) -> float:
+    """Tokens per second one request committed without the target."""
+    return _ratio(g.unverified, g.wall_s)
 
 
 def summarize(generations: Sequence[Generation], resamples: int = RESAMPLES,
@@ -117,7 +126,8 @@ def summarize(generations: Sequence[Generation], resamples: int = RESAMPLES,
                            [len(v) for v in by_prompt.values()], resamples, confidence, seed)
     return Row(
         channel=g0.channel, device=g0.device, config=g0.config,
-        tokens_per_s=statistics.fmean(_ratio(g.tokens, g.wall_s) for g in generations),
+        tokens_per_s=statistics.fmean(speed(g) for g in generations),
+        local_tokens_per_s=statistics.fmean(local_speed(g) for g in generations),
         ttft_s=statistics.fmean(g.ttft_s for g in generations),
         tpot_s=statistics.fmean(metrics.tpot(g.wall_s, g.ttft_s, g.tokens) for g in generations),
         tau=metrics.tau(sum(g.accepted for g in generations), sum(g.rounds for g in generations)),
@@ -506,7 +516,8 @@ def _average_goal(units: Units, name: str, a: str, b: str, cells: list[tuple[str
 
 COLUMNS = [  # header, Row field, format
     ("channel", "channel", "{}"), ("device", "device", "{}"), ("config", "config", "{}"),
-    ("tok/s", "tokens_per_s", "{:.1f}"), ("95% CI", "tokens_per_s_low", None),
+    ("verified tok/s", "tokens_per_s", "{:.1f}"), ("95% CI", "tokens_per_s_low", None),
+    ("local tok/s", "local_tokens_per_s", "{:.1f}"),
     ("TTFT s", "ttft_s", "{:.3f}"),
     ("TPOT ms", "tpot_s", "{:.1f}"), ("tau", "tau", "{:.2f}"),
     ("passes/tok", "passes_per_token", "{:.3f}"), ("bytes/tok", "bytes_per_token", "{:.1f}"),

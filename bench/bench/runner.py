@@ -261,10 +261,13 @@ def _reconnect(channel: grpc.Channel, timeout_s: float) -> bool:
     configuration's request must not make the next one start in reconnect backoff. False when
     it does not connect in time (the unit starts inside an outage window): the request then
     meets the outage, as it would."""
+    ready = grpc.channel_ready_future(channel)
     try:
-        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        ready.result(timeout=timeout_s)
         return True
     except grpc.FutureTimeoutError:
+        # Stop its polling thread: left running, it raises once the channel is closed.
+        ready.cancel()
         return False
 
 
