@@ -11,7 +11,7 @@ from edge.client import GenerationResult, RoundRecord, block_length, check_verdi
 from edge.config import ClientConfig, EdgeConfig
 from edge.drafting import DraftCursor, TokenChooser, draft_seed
 from edge.runtime import DraftConfig, load_draft_runtime
-from edge.session_stream import ProtocolError
+from edge.link.stream import ProtocolError
 from tandem import metrics
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb
