@@ -1,15 +1,15 @@
 """The caps no policy may break, and the only reader of the verifier's limits (`Limits`, sent in
 Opened: protos/tandem/v1/decoding.proto).
 
-What 0 means, one meaning per field, as the proto and the verifier that sends them define it:
+What 0 means, one meaning per field, as the proto's comments on Limits say:
   max_draft_length     0 = no drafts: only k = 0 blocks (the verdict's token alone); the
-                       verifier refuses any block longer than the limit (cloud/service.py)
-  max_in_flight        0 or 1 = no send-ahead (the proto's comment)
-  max_generate_tokens  0 = Generate not served (the proto's comment)
-  max_context, vocab_size, max_q_entries
-                       0 = not reported (the verifier always reports them): the edge's own
-                       bound applies
-No Limits at all (before the first Opened) sets no bound of the verifier's.
+                       verifier refuses any block longer than its limit (cloud/service.py)
+  max_in_flight        0 or 1 = no send-ahead
+  max_generate_tokens  0 = Generate not served
+  max_context, max_q_entries
+                       0 = no limit set: the edge's own bound applies
+  vocab_size           0 = not said: the draft's own vocabulary, token ids unchecked
+No Limits at all (before the first Opened): no bound of the verifier's.
 """
 from __future__ import annotations
 

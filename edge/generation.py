@@ -52,7 +52,6 @@ class Generation:
         the circuit breaker, the monitor, the offline mode)."""
         offline = offline if offline is not None else OfflineControl(config)
         cursors = dict(cursors) if cursors else {DEFAULT_DRAFTER: cursor}
-        self.policy = policy
         gate = FastModeGate(fast, max_unverified_run)
         self.state = state = GenerationState(request, policy, gate, on_tokens, on_round,
                                              stop_event)
@@ -106,7 +105,7 @@ class Generation:
             state.result.finish_reason = "length"  # no round fits the context
             return
         view = state.view(max_k, ctx.caps, ctx.link.load, tuple(ctx.cursors))
-        plan = gate.gate(self.policy.plan(view), ctx.cursors)
+        plan = gate.gate(state.policy.plan(view), ctx.cursors)
         plan, k = gate.bound(plan, min(max(plan.k, 0), max_k))
         t_start = state.elapsed()
         pipelined = plan.verify and not gate.fast  # fast mode's unverified runs go sequential

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from edge.config import ClientConfig
 from edge.link.offline import OfflineControl, OfflineMode
 from edge.link.stream import (CloudUnavailable, LinkDown, VerifierMisconfigured,
                               VerifierUnavailable)
@@ -16,11 +17,9 @@ from edge.link.verifier import Stopped, VerifierLink
 
 
 class Reconnect:
-    def __init__(self, link: VerifierLink, offline: OfflineControl, config, *,
+    def __init__(self, link: VerifierLink, offline: OfflineControl, config: ClientConfig, *,
                  stopped: Callable[[], bool], stop_event: threading.Event | None = None,
                  jitter_rng: random.Random | None = None) -> None:
-        """config: edge.config.ClientConfig (retry_*, offline_after_s, max_retries,
-        offline_enabled, open_timeout_s)."""
         self.link = link
         self.offline = offline
         self.config = config

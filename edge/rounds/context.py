@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from edge.caps import Caps
-from edge.config import DEFAULT_DRAFTER
+from edge.config import DEFAULT_DRAFTER, ClientConfig
 from edge.control.policy import Plan
 from edge.drafting import Block, DraftCursor, TokenChooser
 from edge.link import Sent, VerifierLink
@@ -27,7 +27,7 @@ class RoundContext:
     caps: Caps
     offline: OfflineControl             # deadlines, circuit breaker, the request's offline mode
     reconnect: Reconnect
-    config: object                      # edge.config.ClientConfig
+    config: ClientConfig
 
     def draft(self, k: int, plan: Plan, context: Sequence[int] | None = None) -> Block:
         """Draft k tokens with the plan's local model after `context` (default: the

@@ -14,7 +14,7 @@ from edge.drafting import Block
 from edge.link import Evicted, Stopped
 from edge.link.stream import LinkDown
 from edge.rounds.context import RoundContext
-from edge.rounds.record import RoundRecord, block_record
+from edge.rounds.record import block_record
 
 
 class SequentialRound:
