@@ -126,7 +126,7 @@ class EdgeClient:
                             fingerprint=self.draft.fingerprint(), sampling=request.sampling,
                             fast=mode == "fast", pinned_digest=self.config.target_digest)
         try:
-            return Generation(request=request, draft=self.draft, cursor=self.cursor,
+            return Generation(request=request, cursor=self.cursor,
                               config=self.config, policy=policy, link=link,
                               on_tokens=on_tokens, on_round=on_round, stop_event=stop_event,
                               jitter_rng=self.jitter_rng, cursors=self.cursors,

@@ -35,20 +35,21 @@ from edge.rounds.context import RoundContext
 from edge.rounds.local import LocalRound
 from edge.rounds.pipelined import PipelinedRound
 from edge.rounds.sequential import SequentialRound
-from edge.runtime.base import DraftRuntime
 from edge.state import GenerationState, OnRound, OnTokens
 
 
 class Generation:
-    def __init__(self, *, request, draft: DraftRuntime, cursor: DraftCursor,
+    """One generation's round loop: builds its state and executors, runs rounds to the end."""
+
+    def __init__(self, *, request, cursor: DraftCursor,
                  config: ClientConfig, policy: DraftPolicy, link: VerifierLink,
                  on_tokens: OnTokens | None = None, on_round: OnRound | None = None,
                  stop_event: threading.Event | None = None,
                  jitter_rng: random.Random | None = None,
                  cursors: Mapping[str, DraftCursor] | None = None, fast: bool = False,
                  max_unverified_run: int = 0, offline: OfflineControl | None = None) -> None:
-        """draft: the default local model (cursor's runtime); cursors: every local model by
-        ladder name; offline: the request's offline policy (deadlines from the measured link,
+        """cursor: the default local model's; cursors: every local model's by ladder name;
+        offline: the request's offline policy (deadlines from the measured link,
         the circuit breaker, the monitor, the offline mode)."""
         offline = offline if offline is not None else OfflineControl(config)
         cursors = dict(cursors) if cursors else {DEFAULT_DRAFTER: cursor}

@@ -55,6 +55,45 @@ class WaitRule:
     cap_s: float = 30.0
     probe_every_s: float = 0.25
 
+    def recv(self, stream: SessionStream, late_s: float, cap_s: float | None = None, *,
+             should_stop: Callable[[], bool],
+             probe: Callable[[float], grpc.Future]) -> pb.ServerMessage:
+        """The next message on `stream`, waited for under this rule: late after late_s, then
+        `probe(stall_s)` (an Info call) every probe_every_s; down after stall_s without a sign
+        of life, failed after cap_s (default: this rule's). Raises LinkDown (the stream
+        abandoned), Stopped when should_stop() turns true."""
+        cap_s = self.cap_s if cap_s is None else cap_s
+        started = time.monotonic()
+        heard = started              # the last sign of life: the send, or a probe answered
+        next_probe = started + late_s
+        asked: grpc.Future | None = None
+        try:
+            while True:
+                if should_stop():
+                    raise Stopped()
+                try:
+                    return stream.recv(STOP_POLL_S, cancel_on_timeout=False)
+                except RecvTimeout:
+                    pass
+                now = time.monotonic()
+                if asked is not None and asked.done():
+                    if _answered(asked):
+                        heard = now
+                    asked, next_probe = None, now + self.probe_every_s
+                if asked is None and now >= next_probe:
+                    asked = probe(self.stall_s)
+                if now - heard >= self.stall_s:
+                    stream.abandon()
+                    raise LinkDown(f"no answer from the verifier, on the stream or to a probe, "
+                                   f"for {self.stall_s:.3g} s")
+                if now - started >= cap_s:
+                    stream.abandon()
+                    raise LinkDown(f"no reply on the stream within {cap_s:.3g} s although the "
+                                   "verifier answers probes")
+        finally:
+            if asked is not None:
+                asked.cancel()
+
 
 # Probe answers that mean "nobody answered": anything else (even a refusal) came from the verifier.
 _SILENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -252,42 +291,14 @@ class VerifierLink:
     def _recv(self, stream: SessionStream, late_s: float,
               cap_s: float | None = None) -> pb.ServerMessage:
         """The next message on `stream`, waited for under the WaitRule."""
-        rule = self.wait_rule
-        cap_s = rule.cap_s if cap_s is None else cap_s
-        started = time.monotonic()
-        heard = started              # the last sign of life: the send, or a probe answered
-        next_probe = started + late_s
-        probe: grpc.Future | None = None
-        try:
-            while True:
-                if self.should_stop():
-                    raise Stopped()
-                try:
-                    reply = stream.recv(STOP_POLL_S, cancel_on_timeout=False)
-                    break
-                except RecvTimeout:
-                    pass
-                now = time.monotonic()
-                if probe is not None and probe.done():
-                    if _answered(probe):
-                        heard = now
-                    probe, next_probe = None, now + rule.probe_every_s
-                if probe is None and now >= next_probe:
-                    probe = self.stub.Info.future(pb.InfoRequest(), metadata=self.metadata,
-                                                  timeout=rule.stall_s)
-                if now - heard >= rule.stall_s:
-                    stream.abandon()
-                    raise LinkDown(f"no answer from the verifier, on the stream or to a probe, "
-                                   f"for {rule.stall_s:.3g} s")
-                if now - started >= cap_s:
-                    stream.abandon()
-                    raise LinkDown(f"no reply on the stream within {cap_s:.3g} s although the "
-                                   "verifier answers probes")
-        finally:
-            if probe is not None:
-                probe.cancel()
+        reply = self.wait_rule.recv(stream, late_s, cap_s, should_stop=self.should_stop,
+                                    probe=self._probe)
         self.bytes_down += reply.ByteSize()
         return reply
+
+    def _probe(self, timeout_s: float) -> grpc.Future:
+        """Ask the verifier for Info on the link's channel (is it there?)."""
+        return self.stub.Info.future(pb.InfoRequest(), metadata=self.metadata, timeout=timeout_s)
 
     def drop(self) -> None:
         """Abandon the stream (broken, evicted, or stopped) without waiting for the server."""
