@@ -133,7 +133,7 @@ def _generate(args: argparse.Namespace) -> int:
         return fail("tandem-edge", exc)
     # Imported here so that `--help` and config errors do not pay for loading torch.
     from edge.client import ClientError, EdgeClient, GenerationRequest
-    from edge.link_monitor import start_monitor
+    from edge.link.monitor import start_monitor
     from edge.link import call_metadata, make_channel
     from edge.runtime import load_draft_runtime
     from edge.runtime.errors import MissingBackend

@@ -2,12 +2,14 @@
 
 It wires the parts of a generation together and owns nothing else (vocabulary:
 protos/tandem/v1/decoding.proto):
-- edge/link.py      the verifier link: open, send a block without waiting, await its verdict,
-                    byte counting, error classes (outage / overload / refusal);
-- edge/loop.py      the round loop: ask the policy, draft, send, apply the verdict, record;
-- edge/control/     the draft policies (fixed k, adaptive, peers' rules), chosen by
-                    `client.policy` in the config;
-- edge/rounds.py    the per-round log and the GenerationResult derived from it.
+- edge/link/         the verifier link: open, send a block without waiting, await its verdict,
+                     byte counting, error classes (outage / overload / refusal), reconnects,
+                     the offline policy and the link monitor;
+- edge/generation.py the round loop: ask the policy, draft, send, apply the verdict, record
+                     (one executor per kind of round in edge/rounds/);
+- edge/control/      the draft policies (fixed k, adaptive, peers' rules), chosen by
+                     `client.policy` in the config;
+- edge/rounds/       the per-round log and the GenerationResult derived from it.
 """
 from __future__ import annotations
 
@@ -19,18 +21,20 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from edge.caps import block_length
 from edge.config import DEFAULT_DRAFTER, ClientConfig
-from edge.control.offline import OfflineControl, OfflineMode
 from edge.control.entropy import EntropySwitch
 from edge.control.policy import DraftPolicy, FixedK, make_policy
 from edge.drafting import DraftCursor
-from edge.link_monitor import LinkMonitor
+from edge.generation import Generation
 from edge.link import VerifierLink, check_verdict
-from edge.loop import Generation, OnRound, OnTokens, block_length, truncate
+from edge.link.monitor import LinkMonitor
+from edge.link.offline import OfflineControl, OfflineMode
+from edge.link.stream import (ClientError, CloudUnavailable, ProtocolError,
+                              VerifierMisconfigured, VerifierRefused, VerifierUnavailable)
 from edge.rounds import GenerationResult, RoundRecord
 from edge.runtime.base import DraftRuntime
-from edge.session_stream import (ClientError, CloudUnavailable, ProtocolError,
-                                 VerifierMisconfigured, VerifierRefused, VerifierUnavailable)
+from edge.state import OnRound, OnTokens, truncate
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
@@ -53,7 +57,7 @@ class GenerationRequest:
     # spans unverified (edge/control/entropy.py). None = client.mode.
     mode: str | None = None
     max_unverified_run: int | None = None  # fast mode's bound; None = client.max_unverified_run
-    # While the verifier is away: "continue" | "wait" | "require_verified" (edge/control/
+    # While the verifier is away: "continue" | "wait" | "require_verified" (edge/link/
     # offline.py); None = client.offline. offline_wait_s: None = client.offline_wait_s.
     offline: str | None = None
     offline_wait_s: float | None = None
@@ -77,7 +81,7 @@ class EdgeClient:
                  policy: DraftPolicy | None = None,
                  drafters: Mapping[str, DraftRuntime] | None = None,
                  monitor: LinkMonitor | None = None) -> None:
-        """monitor: the link monitor shared by this process's clients (edge/link_monitor.py);
+        """monitor: the link monitor shared by this process's clients (edge/link/monitor.py);
         with it, a returning verifier is used as soon as it answers, and a misconfigured link
         fails the request naming the cause."""
         self.stub = pb_grpc.DecodingStub(channel)
@@ -122,7 +126,7 @@ class EdgeClient:
                             fingerprint=self.draft.fingerprint(), sampling=request.sampling,
                             fast=mode == "fast", pinned_digest=self.config.target_digest)
         try:
-            return Generation(request=request, draft=self.draft, cursor=self.cursor,
+            return Generation(request=request, cursor=self.cursor,
                               config=self.config, policy=policy, link=link,
                               on_tokens=on_tokens, on_round=on_round, stop_event=stop_event,
                               jitter_rng=self.jitter_rng, cursors=self.cursors,

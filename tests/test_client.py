@@ -7,11 +7,14 @@ import numpy as np
 import pytest
 import torch
 
+from edge.caps import Caps
 from edge.client import GenerationResult, RoundRecord, block_length, check_verdict, truncate
 from edge.config import ClientConfig, EdgeConfig
-from edge.drafting import DraftCursor, TokenChooser, draft_seed
+from edge.control.policy import Plan
+from edge.drafting import Block, DraftCursor, TokenChooser, draft_seed
+from edge.fast_mode import FastModeGate
 from edge.runtime import DraftConfig, load_draft_runtime
-from edge.session_stream import ProtocolError
+from edge.link.stream import ProtocolError
 from tandem import metrics
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb
@@ -47,6 +50,69 @@ def test_block_length_respects_server_limits():
     assert block_length(8, 100, 10, max_context=14) == 3
     assert block_length(8, 100, 13, max_context=14) == 0
     assert block_length(8, 100, 14, max_context=14) is None
+
+
+class _Link:
+    def __init__(self, limits: pb.Limits | None = None) -> None:
+        self.limits = limits
+
+
+def test_caps_without_limits_leave_the_edge_its_own_bounds():
+    caps = Caps(_Link(), n_ctx=512, max_q_entries=32)
+    assert caps.max_draft_length is None and caps.max_k(100, 5, 8) == 8
+    assert caps.max_context == 512 and caps.max_k(100, 512) is None
+    assert (caps.q_entries(), caps.q_entries(8), caps.vocab(100)) == (32, 8, 100)
+    assert (caps.window(4), caps.generate_tokens) == (1, 0)
+
+
+def test_caps_read_zero_as_the_proto_says():
+    """0: no drafts, no send-ahead, no Generate; no limit set on the context and q entries,
+    the vocabulary unchecked. The same cap for a block drafted ahead as for any other."""
+    caps = Caps(_Link(limits()), n_ctx=512, max_q_entries=32)
+    assert caps.max_draft_length == 0 and caps.max_k(100, 5, 8) == 0
+    assert caps.max_context == 512
+    assert (caps.q_entries(), caps.vocab(100), caps.window(4), caps.generate_tokens) == \
+        (32, 100, 1, 0)
+
+
+def test_caps_take_the_tighter_of_the_verifier_and_the_edge():
+    caps = Caps(_Link(limits(max_draft_length=3, max_context=100, vocab_size=50,
+                             max_q_entries=16, max_in_flight=2, max_generate_tokens=7)),
+                n_ctx=64, max_q_entries=32)
+    assert caps.max_k(100, 5, 8) == 3 and caps.max_context == 64
+    assert caps.max_k(100, 62) == 1 and caps.max_k(100, 64) is None
+    assert (caps.q_entries(), caps.q_entries(8), caps.vocab(100)) == (16, 8, 50)
+    assert (caps.window(), caps.window(1), caps.generate_tokens) == (2, 1, 7)
+
+
+# ---- the fast-mode gate -------------------------------------------------------------------
+
+def test_the_gate_verifies_a_skippable_plan_outside_fast_mode():
+    plan = FastModeGate(fast=False, max_unverified_run=8).gate(
+        Plan(k=4, verify=False, min_confidence=0.5, drafter="nope"), drafters=("draft",))
+    assert plan == Plan(k=4, verify=True, min_confidence=0.0, drafter="")
+
+
+def test_the_gate_bounds_the_unverified_run():
+    gate = FastModeGate(fast=True, max_unverified_run=5)
+    skip = Plan(k=4, verify=False, unsure_k=1, drafter="")
+    assert gate.gate(skip, ()) == skip and gate.bound(skip, 4) == (skip, 4)
+    gate.committed(4, verified=False)
+    assert gate.bound(skip, 4) == (skip, 1)
+    gate.committed(1, verified=False)
+    assert gate.gate(skip, ()) == Plan(k=1, verify=True, unsure_k=1, drafter="")  # run full
+    gate.committed(2, verified=True)
+    assert gate.gate(skip, ()) == skip
+
+
+def test_the_gate_verifies_after_an_unsure_position():
+    gate = FastModeGate(fast=True, max_unverified_run=50)
+    skip = Plan(k=4, verify=False, min_confidence=0.5, unsure_k=2)
+    unsure = Block(tokens=[1, 2, 3], confidences=[0.4, 0.9, 0.9])
+    plan, block, k = gate.confirm(skip, unsure, 4)
+    assert plan.verify and block.tokens == [1, 2] and k == 2
+    gate.skipped(Block(tokens=[1], confidences=[0.9], end_reason="confidence"))
+    assert gate.gate(skip, ()).verify
 
 
 # ---- truncation ---------------------------------------------------------------------------

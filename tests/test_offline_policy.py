@@ -6,8 +6,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from edge.control.offline import BreakerState, CircuitBreaker, OfflineSettings, RttEstimator
-from edge.link_errors import FailureKind, IdentityMismatch, check_identity, classify
+from edge.link.offline import BreakerState, CircuitBreaker, OfflineSettings, RttEstimator
+from edge.link.errors import FailureKind, IdentityMismatch, check_identity, classify
 from tandem.v1 import decoding_pb2 as pb
 
 

@@ -146,7 +146,7 @@ class EntropySwitch:
         hard = self.state == "hard"
         k = min(self.k, self.config.hard_max_k) if hard else self.k
         # min_confidence only matters for a skippable block: the loop cuts the unverified span
-        # before the first unsure position (see edge/loop.py, fast mode).
+        # before the first unsure position (see edge/fast_mode.py).
         return Plan(k=min(k, view.max_k), drafter=self.drafter(self.state, ladder, view.fast),
                     verify=hard,
                     min_confidence=0.0 if hard else self.config.fast_min_confidence,

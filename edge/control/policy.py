@@ -1,7 +1,7 @@
 """The draft policy interface: asked once per round what to do, told what happened.
 
 The shape is transformers' CandidateGenerator (`get_candidates` / `update_candidate_strategy`):
-`plan(view) -> Plan` before a round, `update(record)` after it. The round loop (edge/loop.py)
+`plan(view) -> Plan` before a round, `update(record)` after it. The round loop (edge/generation.py)
 applies the caps a policy cannot break (remaining tokens, the server's limits, the context) by
 giving it `view.max_k` and clamping the answer; everything else is the policy's choice.
 
@@ -53,7 +53,7 @@ class Plan:
     drafter: str | None = None      # which local model drafts (None = default)
     verify: bool = True             # False = commit unverified (fast mode / local)
     q_entries: int | None = None    # sparse-q entries per position (sampling); None = config
-    send_ahead: int = 1             # blocks allowed in flight (edge/pipeline.py)
+    send_ahead: int = 1             # blocks allowed in flight (edge/rounds/pipelined.py)
     draft_ahead: bool = False       # draft the next block while this one is being verified
     cloud_generate: int = 0         # > 0: ask the verifier to generate n tokens itself
     # Fast mode: the draft length of the verified round the loop forces after an unsure

@@ -40,7 +40,7 @@ from edge.daemon.metrics import DaemonMetrics
 from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, CompletionRequest,
                                        ModelCard, ModelList, RoundTrace, TandemStats)
 from edge.daemon.stop import StopMatcher
-from edge.link_monitor import LinkMonitor
+from edge.link.monitor import LinkMonitor
 from edge.runtime.base import DraftRuntime
 from edge.tokenizer import EdgeTokenizer
 from tandem import metrics
@@ -127,7 +127,7 @@ class Engine:
         self._raw_channel = channel
         # One client per runtime: a client's draft cursor knows what its runtime's KV cache
         # holds, so a pooled client also reuses a shared prompt prefix across requests.
-        # The link monitor (edge/link_monitor.py) probes the verifier at start and in the
+        # The link monitor (edge/link/monitor.py) probes the verifier at start and in the
         # background; /healthz and the link-state metric read it, and the clients' offline
         # policies wake on it.
         self.monitor = monitor

@@ -15,11 +15,11 @@ from collections.abc import Iterable
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics, generate_latest)
 
-from edge.control.offline import UNVERIFIED_CAUSES
+from edge.link.offline import UNVERIFIED_CAUSES
 
 disable_created_metrics()  # no `_created` series (they double every counter's cardinality)
 
-# "degraded" is learnt from requests; the others are edge/link_monitor.py's probed states.
+# "degraded" is learnt from requests; the others are edge/link/monitor.py's probed states.
 LINK_STATES = ("up", "degraded", "down", "overloaded", "misconfigured", "starting")
 MAX_POSITIONS = 64
 

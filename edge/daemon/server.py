@@ -22,7 +22,7 @@ from edge.daemon.app import create_app
 from edge.daemon.engine import Engine
 from edge.daemon.metrics import DaemonMetrics
 from edge.link import call_metadata, make_channel
-from edge.link_monitor import start_monitor
+from edge.link.monitor import start_monitor
 from edge.runtime import load_draft_runtime
 from edge.tokenizer import EdgeTokenizer
 from tandem.config import ConfigError

@@ -1,9 +1,8 @@
-"""The verifier link: the gRPC channel and its metadata (API key), and `VerifierLink`, one
-generation's session with the verifier (open, send a block without waiting, await its verdict,
-byte counting, error classes).
+"""`VerifierLink`, one generation's session with the verifier (open, send a block without
+waiting, await its verdict, byte counting, error classes), and the WaitRule of every wait.
 
 Error classes the round loop tells apart:
-  LinkDown (edge.session_stream)  outage: the stream broke or timed out -> reconnect / offline
+  LinkDown (edge.link.stream)     outage: the stream broke or timed out -> reconnect / offline
   Evicted                         overload: the server dropped our state -> re-open
   VerifierRefused                 configuration / identity (bad key, fingerprint, request):
                                   retrying cannot help -> raised to the caller
@@ -11,70 +10,25 @@ Error classes the round loop tells apart:
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
-from edge.config import CloudLinkConfig
-from edge.drafting import Block
-from edge.link_errors import IdentityMismatch, check_identity
-from edge.session_stream import (LinkDown, ProtocolError, RecvTimeout, SessionStream,
-                                 VerifierMisconfigured)
+from edge.caps import verifier_vocab
+from edge.link.errors import IdentityMismatch, check_identity
+from edge.link.stream import (LinkDown, ProtocolError, RecvTimeout, SessionStream,
+                              VerifierMisconfigured)
 from tandem.codec import to_proto
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
+if TYPE_CHECKING:
+    from edge.drafting import Block
 
-def api_key(link: CloudLinkConfig) -> str:
-    """The configured key, else the one in the environment variable, else empty (send none)."""
-    return link.api_key or (os.environ.get(link.api_key_env, "") if link.api_key_env else "")
-
-
-def call_metadata(link: CloudLinkConfig) -> tuple[tuple[str, str], ...]:
-    key = api_key(link)
-    return ((link.api_key_header, key),) if key else ()
-
-
-def channel_options(link: CloudLinkConfig) -> list[tuple[str, int | str]]:
-    # grpc's own reconnect backoff defaults to 1 s growing to 120 s: a returning server would go
-    # unseen for minutes. Our client retries on its own schedule, so keep the channel's short.
-    options: list[tuple[str, int | str]] = [
-        ("grpc.initial_reconnect_backoff_ms", int(link.reconnect_backoff_s * 1000)),
-        ("grpc.min_reconnect_backoff_ms", int(link.reconnect_backoff_s * 1000)),
-        ("grpc.max_reconnect_backoff_ms", int(link.max_reconnect_backoff_s * 1000)),
-    ]
-    if link.keepalive_s > 0:
-        # HTTP/2 pings, also while idle: a NAT or a mobile link that silently dropped the
-        # connection is noticed within keepalive_s + keepalive_timeout_s, not at the next
-        # request. The verifier permits pings this often (cloud/service.py). gRPC core enforces
-        # an unanswered ping through its ping timeout, not keepalive_timeout_ms (grpc/grpc#39239;
-        # measured: a silent peer went unnoticed for 36 s with only the latter), so set both.
-        timeout_ms = int(link.keepalive_timeout_s * 1000)
-        options += [("grpc.keepalive_time_ms", int(link.keepalive_s * 1000)),
-                    ("grpc.keepalive_timeout_ms", timeout_ms),
-                    ("grpc.http2.ping_timeout_ms", timeout_ms),
-                    ("grpc.keepalive_permit_without_calls", 1),
-                    ("grpc.http2.max_pings_without_data", 0)]
-    if link.tls and link.tls_server_name:
-        options.append(("grpc.ssl_target_name_override", link.tls_server_name))
-    return options
-
-
-def make_channel(link: CloudLinkConfig, address: str | None = None) -> grpc.Channel:
-    """A channel to `address` (default: link.address), TLS when the link says so."""
-    target = address or link.address
-    if not link.tls:
-        return grpc.insecure_channel(target, options=channel_options(link))
-    root = link.tls_root_cert.read_bytes() if link.tls_root_cert else None
-    credentials = grpc.ssl_channel_credentials(root_certificates=root)
-    return grpc.secure_channel(target, credentials, options=channel_options(link))
-
-
-# ---- the verifier link of one generation ----------------------------------------------
 
 # A stop event is checked this often while waiting on the verifier: the wait ends within this
 # much of a stop (a threading.Event cannot wake a queue wait by itself).
@@ -87,7 +41,7 @@ class WaitRule:
     pipelined round) or a generated token (cloud-generates round).
 
     - Late is not down. Past `late_s` (the caller's, from the measured RTT and the verifier's
-      reported time: edge/control/offline.py) the reply is late: the link starts asking the
+      reported time: edge/link/offline.py) the reply is late: the link starts asking the
       verifier for Info on the same channel every `probe_every_s`, and keeps waiting. A late
       reply is used like any other; slowness alone never makes a generation go local.
     - Down only on transport evidence: the call fails (connect failure, reset, an HTTP/2
@@ -100,6 +54,45 @@ class WaitRule:
     stall_s: float = 3.0
     cap_s: float = 30.0
     probe_every_s: float = 0.25
+
+    def recv(self, stream: SessionStream, late_s: float, cap_s: float | None = None, *,
+             should_stop: Callable[[], bool],
+             probe: Callable[[float], grpc.Future]) -> pb.ServerMessage:
+        """The next message on `stream`, waited for under this rule: late after late_s, then
+        `probe(stall_s)` (an Info call) every probe_every_s; down after stall_s without a sign
+        of life, failed after cap_s (default: this rule's). Raises LinkDown (the stream
+        abandoned), Stopped when should_stop() turns true."""
+        cap_s = self.cap_s if cap_s is None else cap_s
+        started = time.monotonic()
+        heard = started              # the last sign of life: the send, or a probe answered
+        next_probe = started + late_s
+        asked: grpc.Future | None = None
+        try:
+            while True:
+                if should_stop():
+                    raise Stopped()
+                try:
+                    return stream.recv(STOP_POLL_S, cancel_on_timeout=False)
+                except RecvTimeout:
+                    pass
+                now = time.monotonic()
+                if asked is not None and asked.done():
+                    if _answered(asked):
+                        heard = now
+                    asked, next_probe = None, now + self.probe_every_s
+                if asked is None and now >= next_probe:
+                    asked = probe(self.stall_s)
+                if now - heard >= self.stall_s:
+                    stream.abandon()
+                    raise LinkDown(f"no answer from the verifier, on the stream or to a probe, "
+                                   f"for {self.stall_s:.3g} s")
+                if now - started >= cap_s:
+                    stream.abandon()
+                    raise LinkDown(f"no reply on the stream within {cap_s:.3g} s although the "
+                                   "verifier answers probes")
+        finally:
+            if asked is not None:
+                asked.cancel()
 
 
 # Probe answers that mean "nobody answered": anything else (even a refusal) came from the verifier.
@@ -150,7 +143,7 @@ class VerifierLink:
         self.sampling = sampling
         self.should_stop = should_stop
         self.fast = fast             # open in MODE_FAST: blocks may carry unverified tokens
-        # Target identity (edge/link_errors.check_identity): every open and re-open must meet
+        # Target identity (edge/link/errors.check_identity): every open and re-open must meet
         # the pinned digest (if any) and the one the generation's first open saw.
         self.pinned_digest = pinned_digest
         self.seen_digest: str | None = None
@@ -219,11 +212,11 @@ class VerifierLink:
         self.server_context = len(context)
         self.opens += 1
 
-    def send(self, start: int, block: Block, unverified: Sequence[int] = (), *,
+    def send(self, start: int, block: "Block", unverified: Sequence[int] = (), *,
              ahead: bool = False, assumed_token: int = 0, in_flight: int = 1) -> Sent:
         """Queue Draft(round, start, block) on the open stream; returns at once. `unverified`
         (fast mode): tokens emitted since the verifier's context, sent ahead of the block; the
-        block then starts at start + len(unverified). `ahead` (send-ahead, edge/pipeline.py):
+        block then starts at start + len(unverified). `ahead` (send-ahead, edge/rounds/pipelined.py):
         the block assumes the one before it is accepted whole with bonus `assumed_token`;
         `in_flight` counts the blocks in flight with this one."""
         assert self.stream is not None, "send on a closed link"
@@ -289,8 +282,8 @@ class VerifierLink:
         if kind != "generated" or reply.generated.round != sent.round:
             raise ProtocolError(f"expected Generated for round {sent.round}, got {kind}")
         generated = reply.generated
-        if self.limits is not None and self.limits.vocab_size and \
-                generated.token >= self.limits.vocab_size:
+        vocab = verifier_vocab(self.limits)
+        if vocab and generated.token >= vocab:
             raise ProtocolError(f"generated token {generated.token} outside the vocabulary")
         self.server_context = generated.context_length
         return generated, reply.ByteSize()
@@ -298,42 +291,14 @@ class VerifierLink:
     def _recv(self, stream: SessionStream, late_s: float,
               cap_s: float | None = None) -> pb.ServerMessage:
         """The next message on `stream`, waited for under the WaitRule."""
-        rule = self.wait_rule
-        cap_s = rule.cap_s if cap_s is None else cap_s
-        started = time.monotonic()
-        heard = started              # the last sign of life: the send, or a probe answered
-        next_probe = started + late_s
-        probe: grpc.Future | None = None
-        try:
-            while True:
-                if self.should_stop():
-                    raise Stopped()
-                try:
-                    reply = stream.recv(STOP_POLL_S, cancel_on_timeout=False)
-                    break
-                except RecvTimeout:
-                    pass
-                now = time.monotonic()
-                if probe is not None and probe.done():
-                    if _answered(probe):
-                        heard = now
-                    probe, next_probe = None, now + rule.probe_every_s
-                if probe is None and now >= next_probe:
-                    probe = self.stub.Info.future(pb.InfoRequest(), metadata=self.metadata,
-                                                  timeout=rule.stall_s)
-                if now - heard >= rule.stall_s:
-                    stream.abandon()
-                    raise LinkDown(f"no answer from the verifier, on the stream or to a probe, "
-                                   f"for {rule.stall_s:.3g} s")
-                if now - started >= cap_s:
-                    stream.abandon()
-                    raise LinkDown(f"no reply on the stream within {cap_s:.3g} s although the "
-                                   "verifier answers probes")
-        finally:
-            if probe is not None:
-                probe.cancel()
+        reply = self.wait_rule.recv(stream, late_s, cap_s, should_stop=self.should_stop,
+                                    probe=self._probe)
         self.bytes_down += reply.ByteSize()
         return reply
+
+    def _probe(self, timeout_s: float) -> grpc.Future:
+        """Ask the verifier for Info on the link's channel (is it there?)."""
+        return self.stub.Info.future(pb.InfoRequest(), metadata=self.metadata, timeout=timeout_s)
 
     def drop(self) -> None:
         """Abandon the stream (broken, evicted, or stopped) without waiting for the server."""
@@ -347,7 +312,6 @@ class VerifierLink:
             self.stream = None
 
 
-
 def check_verdict(verdict: pb.Verdict, round_: int, start: int, k: int,
                   limits: pb.Limits | None) -> None:
     """A verdict must answer this round, accept at most the block, and name a real token."""
@@ -358,5 +322,6 @@ def check_verdict(verdict: pb.Verdict, round_: int, start: int, k: int,
     if verdict.context_length and verdict.context_length != start + verdict.accepted + 1:
         raise ProtocolError(f"verdict context length {verdict.context_length}, expected "
                             f"{start + verdict.accepted + 1}")
-    if limits is not None and limits.vocab_size and verdict.token >= limits.vocab_size:
+    vocab = verifier_vocab(limits)
+    if vocab and verdict.token >= vocab:
         raise ProtocolError(f"bonus token {verdict.token} outside the vocabulary")

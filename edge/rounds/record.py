@@ -15,8 +15,12 @@ is derived from the records through tandem/metrics.py, nowhere else.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from tandem import metrics
+
+if TYPE_CHECKING:
+    from edge.drafting import Block
 
 END_REASONS = ("length", "confidence", "stop_id", "budget", "context", "zero")
 
@@ -50,6 +54,16 @@ class RoundRecord:
     attempts: int = 1                  # Draft sends (re-sends after eviction / broken link)
     in_flight: int = 1                 # blocks in flight when this one was sent (send-ahead)
     t_start_s: float = 0.0             # since the generation started
+
+
+def block_record(block: "Block", k_asked: int, t_start_s: float, **fields: Any) -> RoundRecord:
+    """The record of a round that starts with `block` (empty for cloud-generates): every
+    round's record is built here; the round's outcome (accepted, committed, timings) is filled
+    in as it happens."""
+    return RoundRecord(index=0, k_asked=k_asked, drafted=len(block), accepted=None,
+                       end_reason=block.end_reason, draft_s=block.draft_s, sync_s=block.sync_s,
+                       sync_tokens=block.sync_tokens, confidences=block.confidences,
+                       entropies=block.entropies, t_start_s=t_start_s, **fields)
 
 
 @dataclass

@@ -1,0 +1,128 @@
+"""One generation: its rounds until a finish reason (vocabulary: protos/tandem/v1/decoding.proto).
+
+One round: the caps (edge/caps.py) -> plan = gate(policy.plan(view)) (edge/fast_mode.py) ->
+an executor (edge/rounds/) -> draft, or take the block drafted ahead -> send, await the verdict
+under the one WaitRule (edge/link/verifier.py) -> apply: commit the accepted prefix and the
+bonus token, stream them (edge/state.py) -> record: policy.update, on_round.
+
+The executors: sequential (one block, its verdict, re-opens), pipelined (draft-ahead,
+send-ahead), cloud (the verifier generates), local (a fast-mode skip, or a stretch while the
+verifier is away: tokens verified=False, rounds of mode "local"; the loop probes every few
+tokens and verification resumes from the full context).
+
+A generation stops early when the caller's stop event is set or on_tokens returns False
+(finish_reason "cancelled"); a stop ends a verdict wait, an open or a backoff sleep at once
+(within edge.link.STOP_POLL_S), not at the next commit.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Mapping
+
+from edge.caps import Caps
+from edge.config import DEFAULT_DRAFTER, ClientConfig
+from edge.control.policy import DraftPolicy
+from edge.drafting import DraftCursor, TokenChooser
+from edge.fast_mode import FastModeGate
+from edge.link import Stopped, VerifierLink
+from edge.link.offline import OfflineControl
+from edge.link.reconnect import Reconnect
+from edge.rounds import GenerationResult
+from edge.rounds.cloud import CloudRound
+from edge.rounds.context import RoundContext
+from edge.rounds.local import LocalRound
+from edge.rounds.pipelined import PipelinedRound
+from edge.rounds.sequential import SequentialRound
+from edge.state import GenerationState, OnRound, OnTokens
+
+
+class Generation:
+    """One generation's round loop: builds its state and executors, runs rounds to the end."""
+
+    def __init__(self, *, request, cursor: DraftCursor,
+                 config: ClientConfig, policy: DraftPolicy, link: VerifierLink,
+                 on_tokens: OnTokens | None = None, on_round: OnRound | None = None,
+                 stop_event: threading.Event | None = None,
+                 jitter_rng: random.Random | None = None,
+                 cursors: Mapping[str, DraftCursor] | None = None, fast: bool = False,
+                 max_unverified_run: int = 0, offline: OfflineControl | None = None) -> None:
+        """cursor: the default local model's; cursors: every local model's by ladder name;
+        offline: the request's offline policy (deadlines from the measured link,
+        the circuit breaker, the monitor, the offline mode)."""
+        offline = offline if offline is not None else OfflineControl(config)
+        cursors = dict(cursors) if cursors else {DEFAULT_DRAFTER: cursor}
+        gate = FastModeGate(fast, max_unverified_run)
+        self.state = state = GenerationState(request, policy, gate, on_tokens, on_round,
+                                             stop_event)
+        link.wait_rule = offline.wait_rule()
+        link.should_stop = state.stopped
+        self.ctx = ctx = RoundContext(
+            state=state, cursors=cursors, default_cursor=cursor,
+            chooser=TokenChooser(request.sampling, config.q_scale), link=link,
+            caps=Caps(link, min(c.runtime.n_ctx for c in cursors.values()),
+                      config.max_q_entries),
+            offline=offline, reconnect=Reconnect(link, offline, config, stopped=state.stopped,
+                                                 stop_event=stop_event, jitter_rng=jitter_rng),
+            config=config)
+        self.local = LocalRound(ctx)
+        self.sequential = SequentialRound(ctx)
+        self.pipelined = PipelinedRound(ctx, self.sequential)
+        self.cloud = CloudRound(ctx)
+
+    def run(self) -> GenerationResult:
+        state, ctx, link = self.state, self.ctx, self.ctx.link
+        state.t0 = time.monotonic()
+        try:
+            ctx.default_cursor.sync(state.context)  # prefill the draft while nothing else runs
+            if not ctx.reconnect.open_with_retries(state.context) \
+                    and not ctx.reconnect.reopen_if_waiting(state.context):
+                ctx.go_local()
+            while not state.result.finish_reason:
+                if state.stopped():
+                    raise Stopped()
+                if state.local:
+                    self.local.stretch()
+                    continue
+                self._round()
+        except Stopped:
+            state.result.finish_reason = state.result.finish_reason or "cancelled"
+            link.drop()
+        finally:
+            link.close("done")
+            r = state.result
+            r.bytes_up, r.bytes_down = link.bytes_up, link.bytes_down
+            r.draft_bytes_up, r.drafted_tokens = link.draft_bytes_up, link.drafted_tokens
+            r.wall_s = time.monotonic() - state.t0
+            r.reopens = max(link.opens - 1, 0)
+        return state.result
+
+    def _round(self) -> None:
+        """Pick the round's executor from the gated plan; the caps bound every kind."""
+        state, ctx, gate = self.state, self.ctx, self.state.gate
+        max_k = ctx.caps.max_k(state.remaining, len(state.context))
+        if max_k is None:
+            state.result.finish_reason = "length"  # no round fits the context
+            return
+        view = state.view(max_k, ctx.caps, ctx.link.load, tuple(ctx.cursors))
+        plan = gate.gate(state.policy.plan(view), ctx.cursors)
+        plan, k = gate.bound(plan, min(max(plan.k, 0), max_k))
+        t_start = state.elapsed()
+        pipelined = plan.verify and not gate.fast  # fast mode's unverified runs go sequential
+        if pipelined and plan.cloud_generate:
+            n = self.cloud.served(plan.cloud_generate)
+            if n:
+                self.pipelined.drop_ahead()
+                self.cloud.run(n, t_start)
+                return
+        block = self.pipelined.take_ahead(k, plan) if pipelined else None
+        if block is None:
+            block = ctx.draft(k, plan)
+        plan, block, k = gate.confirm(plan, block, k)
+        if not plan.verify:
+            self.local.skip(block, k, plan, t_start)
+        elif pipelined and (plan.draft_ahead or plan.send_ahead > 1):
+            self.pipelined.run(block, k, plan, t_start)
+        else:
+            self.sequential.run(block, k, plan, t_start)

@@ -1,0 +1,53 @@
+"""The gRPC channel to the verifier and its call metadata (API key, TLS, keepalive)."""
+from __future__ import annotations
+
+import os
+
+import grpc
+
+from edge.config import CloudLinkConfig
+
+
+def api_key(link: CloudLinkConfig) -> str:
+    """The configured key, else the one in the environment variable, else empty (send none)."""
+    return link.api_key or (os.environ.get(link.api_key_env, "") if link.api_key_env else "")
+
+
+def call_metadata(link: CloudLinkConfig) -> tuple[tuple[str, str], ...]:
+    key = api_key(link)
+    return ((link.api_key_header, key),) if key else ()
+
+
+def channel_options(link: CloudLinkConfig) -> list[tuple[str, int | str]]:
+    # grpc's own reconnect backoff defaults to 1 s growing to 120 s: a returning server would go
+    # unseen for minutes. Our client retries on its own schedule, so keep the channel's short.
+    options: list[tuple[str, int | str]] = [
+        ("grpc.initial_reconnect_backoff_ms", int(link.reconnect_backoff_s * 1000)),
+        ("grpc.min_reconnect_backoff_ms", int(link.reconnect_backoff_s * 1000)),
+        ("grpc.max_reconnect_backoff_ms", int(link.max_reconnect_backoff_s * 1000)),
+    ]
+    if link.keepalive_s > 0:
+        # HTTP/2 pings, also while idle: a NAT or a mobile link that silently dropped the
+        # connection is noticed within keepalive_s + keepalive_timeout_s, not at the next
+        # request. The verifier permits pings this often (cloud/service.py). gRPC core enforces
+        # an unanswered ping through its ping timeout, not keepalive_timeout_ms (grpc/grpc#39239;
+        # measured: a silent peer went unnoticed for 36 s with only the latter), so set both.
+        timeout_ms = int(link.keepalive_timeout_s * 1000)
+        options += [("grpc.keepalive_time_ms", int(link.keepalive_s * 1000)),
+                    ("grpc.keepalive_timeout_ms", timeout_ms),
+                    ("grpc.http2.ping_timeout_ms", timeout_ms),
+                    ("grpc.keepalive_permit_without_calls", 1),
+                    ("grpc.http2.max_pings_without_data", 0)]
+    if link.tls and link.tls_server_name:
+        options.append(("grpc.ssl_target_name_override", link.tls_server_name))
+    return options
+
+
+def make_channel(link: CloudLinkConfig, address: str | None = None) -> grpc.Channel:
+    """A channel to `address` (default: link.address), TLS when the link says so."""
+    target = address or link.address
+    if not link.tls:
+        return grpc.insecure_channel(target, options=channel_options(link))
+    root = link.tls_root_cert.read_bytes() if link.tls_root_cert else None
+    credentials = grpc.ssl_channel_credentials(root_certificates=root)
+    return grpc.secure_channel(target, credentials, options=channel_options(link))
