@@ -48,6 +48,8 @@ from edge.runtime.base import DraftRuntime
 from edge.tokenizer import EdgeTokenizer
 from tandem.config import ConfigError, load_config, merge, resolve_path
 from tandem.sampling import SamplingParams
+from tandem.v1 import decoding_pb2 as pb
+from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -260,14 +262,13 @@ def _reconnect(channel: grpc.Channel, timeout_s: float) -> bool:
     """Wait, untimed, until the channel is connected: a link an outage broke during the previous
     configuration's request must not make the next one start in reconnect backoff. False when
     it does not connect in time (the unit starts inside an outage window): the request then
-    meets the outage, as it would."""
-    ready = grpc.channel_ready_future(channel)
+    meets the outage, as it would. An Info call with wait_for_ready, not channel_ready_future:
+    the latter's connectivity-polling thread raises once the channel is closed."""
     try:
-        ready.result(timeout=timeout_s)
+        pb_grpc.DecodingStub(channel).Info(pb.InfoRequest(), timeout=timeout_s,
+                                           wait_for_ready=True)
         return True
-    except grpc.FutureTimeoutError:
-        # Stop its polling thread: left running, it raises once the channel is closed.
-        ready.cancel()
+    except grpc.RpcError:
         return False
 
 
