@@ -194,6 +194,11 @@ class ClientConfig(Settings):
     max_q_entries: int = Field(DEFAULT_MAX_ENTRIES, ge=1, le=1024,
                                description="most ids in one sparse draft distribution q "
                                            "(sampling); capped by the server's limit")
+    q_codec: Literal["entropy", "plain"] = Field(
+        "entropy", description="how q travels when sampling: entropy = one range-coded byte "
+                               "string per block on a coarse level grid (tandem/qcodec.py), when "
+                               "the verifier accepts it; plain = ids and weights per position "
+                               "(SparseDistribution, what older verifiers take)")
     q_scale: int = Field(DEFAULT_SCALE, ge=1, le=2**31 - 1,
                          description="integer weight of q's most likely id; the others are "
                                      "rounded relative to it")

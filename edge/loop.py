@@ -151,6 +151,7 @@ class Generation:
             r = self.result
             r.bytes_up, r.bytes_down = self.link.bytes_up, self.link.bytes_down
             r.draft_bytes_up, r.drafted_tokens = self.link.draft_bytes_up, self.link.drafted_tokens
+            r.q_encode_s = self.link.q_encode_s
             r.wall_s = time.monotonic() - self.t0
             r.reopens = max(self.link.opens - 1, 0)
         return self.result
@@ -255,6 +256,7 @@ class Generation:
         if limits is not None:
             vocab = min(vocab, limits.vocab_size or vocab)
             max_entries = min(max_entries, limits.max_q_entries or max_entries)
+        self.chooser.codec = self.link.q_codec  # the quantizer of the q format negotiated
         return cursor.draft(self.context if context is None else context, k, self.chooser,
                             vocab_size=vocab,
                                  max_entries=max_entries, stop_ids=self.request.stop_ids,

@@ -1,0 +1,69 @@
+"""Build the id prior of the coded draft q (tandem/qcodec.py): how often each token id is kept
+in the draft's quantized q, counted over the training split (never the held-out files).
+
+Usage: python -m models.train.q_prior [--draft models/tandem-draft] [--tokens 200000]
+
+Writes tandem/qpriors/<tokenizer fingerprint>.npy ([vocab] uint32 counts). Both ends of a
+session load the same file by the tokenizer fingerprint they already agree on; the codec's
+name carries a digest of it, so a changed table is negotiated, never misread.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from models.train.corpus import corpus_files, split
+from tandem.fingerprint import tokenizer_fingerprint
+from tandem.qcodec import CAP, QCodec, prior_path, uniform_prior
+from tandem.sampling import SamplingParams, warp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def count_kept_ids(draft, tokenizer, tokens: int, seq: int = 256, seed: int = 0) -> np.ndarray:
+    """[vocab] counts of ids in QCodec.quantize's q of the draft's T = 0.8 distributions over
+    windows of training files (file order shuffled with `seed`; every 4th window)."""
+    vocab = draft.config.vocab_size
+    codec = QCodec(uniform_prior(vocab))  # the quantizer does not depend on the prior
+    counts = np.zeros(vocab, dtype=np.int64)
+    files, _ = split(corpus_files())
+    random.Random(seed).shuffle(files)
+    params, seen = SamplingParams(temperature=0.8), 0
+    for f in files:
+        ids = tokenizer(f.read(), add_special_tokens=False)["input_ids"]
+        for start in range(0, len(ids) - seq, seq * 4):
+            with torch.no_grad():
+                probs = warp(draft(torch.tensor([ids[start:start + seq]])).logits[0], params)
+            for row in probs:                                            # [vocab]
+                np.add.at(counts, codec.quantize(row, CAP).ids, 1)
+            seen += seq
+            if seen >= tokens:
+                return counts
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--draft", type=Path, default=ROOT / "models/tandem-draft")
+    parser.add_argument("--tokens", type=int, default=200_000, help="positions to count over")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(str(args.draft))
+    draft = AutoModelForCausalLM.from_pretrained(str(args.draft)).eval()
+    counts = count_kept_ids(draft, tokenizer, args.tokens)
+    out = prior_path(tokenizer_fingerprint(tokenizer))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.save(out, counts.astype(np.uint32))
+    print(f"{out}: {int(counts.sum())} kept ids over {args.tokens} positions, "
+          f"{int((counts > 0).sum())} distinct")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""Entropy-coded draft distributions: one range-coded byte string carries the q of every
+position of a block (Draft.q_coded), about a third of the bytes of the plain SparseDistribution
+messages at the same acceptance.
+
+The quantizer (`QCodec.quantize`, on the edge, before the draft token is sampled):
+  the top `max_entries` ids (at most CAP = 16) of the warped draft probabilities; each gets a
+  level l = round(2 ln(q_max / q)), i.e. half-nat steps below the most likely id, and ids with
+  l > MAX_LEVEL (below e^-4 ~ 1.8% of the top) are dropped. The weight of an id is WEIGHTS[l],
+  a fixed integer table, so q(id) = WEIGHTS[l] / sum. The draft samples from exactly this
+  SparseDist, and the coder below reproduces it bit for bit: the verifier tests the very q the
+  token was drawn from (lossless). On held-out code the coarse grid costs < 1% of acceptance.
+
+The format of a block of k positions (tokens x_1..x_k travel in Draft.tokens, so both ends
+know them before q is decoded). For each position i, in order, with constriction's range
+coder (queue: first in, first out) and categorical models both ends build from what they hold:
+  n_i - 1            the number of entries, model COUNT_FREQS over 1..CAP
+  l_2 - l_1, ...     the n_i - 1 level steps (levels are non-decreasing; l_1 = 0), model
+                     STEP_FREQS over 0..MAX_LEVEL; their sum stays <= MAX_LEVEL
+  index of x_i       where the drafted token sits in the list, modelled by q_i itself (the
+                     weights just decoded): it costs -log2 q_i(x_i) bits (none when n_i = 1)
+  the other ids      n_i - 1 ids in list order, model: the id prior (below)
+The compressed 32-bit words are sent little-endian. A payload is valid only if it is exactly
+the encoding of what it decodes to (the decoder re-encodes and compares), so truncated,
+padded or corrupted bytes are refused, never silently read as some other q.
+
+The id prior is a table of counts over the vocabulary, shipped in tandem/qpriors/ keyed by the
+tokenizer fingerprint (models/train/q_prior.py builds it: how often each id is kept in a
+draft q on the training split); a tokenizer without one gets a uniform prior. The codec's name,
+negotiated in Open.q_codecs / Opened.q_codec, carries a digest of the prior, so two ends only
+agree on the coded format when they hold the same table; otherwise the plain
+SparseDistribution messages are used.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tandem.codec import InvalidDistribution, SparseDist
+
+try:  # the coder; without it only the plain encoding is offered
+    import constriction
+except ImportError:  # pragma: no cover - constriction is a declared dependency
+    constriction = None
+
+CODEC_FAMILY = "ans1"
+CAP = 16                 # most entries per position
+MAX_LEVEL = 8            # half-nat levels kept below the top: e^-4 of its probability
+# round(1023 * exp(-l / 2)) for l = 0..MAX_LEVEL, fixed here so no libm decides a weight.
+WEIGHTS = (1023, 620, 376, 228, 138, 84, 51, 31, 19)
+# Static models, from the shipped draft on the training split (counts + 1; only their ratios
+# matter). Entries per position (1..16) and level steps (0..8).
+COUNT_FREQS = (19238, 11437, 8351, 8000, 7057, 6318, 5925, 5216, 4727, 4328, 4090, 3390, 3102,
+               2753, 2666, 103610)
+STEP_FREQS = (1284507, 524931, 99231, 42182, 21798, 12757, 7937, 5643, 4367)
+# A position codes at most 1 + 15 + 1 + 15 symbols of at most 24 bits each (constriction's
+# precision): a payload above this many bytes per token (plus one for the flush) is not a q.
+MAX_CODED_BYTES_PER_TOKEN = 96
+PRIORS_DIR = Path(__file__).resolve().parent / "qpriors"
+
+_WEIGHT_LEVEL = {w: level for level, w in enumerate(WEIGHTS)}
+
+
+def _probabilities(freqs: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Integer frequencies -> float64 probabilities; integer sum and one correctly rounded
+    division each, so both ends get the same floats (and constriction the same model)."""
+    counts = np.asarray(freqs, dtype=np.int64)
+    return counts.astype(np.float64) / float(int(counts.sum()))
+
+
+@dataclass(frozen=True, eq=False)
+class IdPrior:
+    """Counts over the vocabulary: [vocab] int64, all > 0."""
+    counts: np.ndarray
+    source: str = "uniform"
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.counts)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        return hashlib.sha256(self.counts.astype("<u4").tobytes()).hexdigest()[:16]
+
+    @functools.cached_property
+    def model(self):
+        return constriction.stream.model.Categorical(_probabilities(self.counts), perfect=False)
+
+
+def uniform_prior(vocab_size: int) -> IdPrior:
+    return IdPrior(counts=np.ones(vocab_size, dtype=np.int64), source="uniform")
+
+
+def prior_path(fingerprint: str) -> Path:
+    return PRIORS_DIR / f"{fingerprint.removeprefix('sha256:')}.npy"
+
+
+@functools.lru_cache(maxsize=8)
+def load_prior(fingerprint: str, vocab_size: int) -> IdPrior:
+    """The shipped prior of this tokenizer (its counts + 1, over the tokenizer's vocabulary
+    whatever a model pads its own to), or a uniform one over vocab_size when none is shipped."""
+    path = prior_path(fingerprint)
+    if not path.is_file():
+        return uniform_prior(vocab_size)
+    return IdPrior(counts=np.load(path).astype(np.int64) + 1, source=path.name)
+
+
+@dataclass(frozen=True)
+class QCodec:
+    """The entropy-coded q of one session (both ends build it from the same prior)."""
+    prior: IdPrior
+    _count_model: object = field(init=False, repr=False, compare=False)
+    _step_model: object = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        model = constriction.stream.model.Categorical
+        object.__setattr__(self, "_count_model", model(_probabilities(COUNT_FREQS), perfect=False))
+        object.__setattr__(self, "_step_model", model(_probabilities(STEP_FREQS), perfect=False))
+
+    @property
+    def name(self) -> str:
+        """What Open.q_codecs and Opened.q_codec carry: the format and the prior's digest."""
+        return f"{CODEC_FAMILY}:{self.prior.vocab_size}:{self.prior.digest}"
+
+    # ---- the quantizer (edge) ------------------------------------------------------------
+    def quantize(self, probs: torch.Tensor, max_entries: int = CAP) -> SparseDist:
+        """probs: [vocab] -> a SparseDist on the level grid (at most min(max_entries, CAP)
+        entries, weights from WEIGHTS, non-increasing), which `encode` codes exactly."""
+        if probs.dim() != 1:
+            raise ValueError(f"expected [vocab] probabilities, got shape {tuple(probs.shape)}")
+        if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()) or \
+                not probs.sum() > 0:
+            raise InvalidDistribution("probabilities must be finite, non-negative and not all zero")
+        m = max(1, min(max_entries, CAP, probs.shape[0]))
+        top = torch.topk(probs.double(), m)
+        ratio = (top.values / top.values[0]).clamp_min(1e-300)            # [m], first is 1
+        levels = torch.round(-2.0 * torch.log(ratio)).long()              # [m] non-decreasing
+        keep = (levels <= MAX_LEVEL) & (top.values > 0)
+        keep[0] = True
+        table = torch.tensor(WEIGHTS, dtype=torch.long)
+        return SparseDist(ids=top.indices[keep].numpy().astype(np.int64),
+                          weights=table[levels[keep]].numpy().astype(np.int64))
+
+    def encodable(self, dist: SparseDist) -> bool:
+        """Whether `dist` is on this codec's grid (what `quantize` makes), so it can be coded."""
+        n = len(dist.ids)
+        if not 1 <= n <= CAP or len(dist.weights) != n or int(dist.weights[0]) != WEIGHTS[0]:
+            return False
+        levels = [_WEIGHT_LEVEL.get(int(w), -1) for w in dist.weights]
+        return (min(levels) >= 0 and all(a <= b for a, b in zip(levels, levels[1:]))
+                and int(dist.ids.min()) >= 0 and int(dist.ids.max()) < self.prior.vocab_size
+                and len(np.unique(dist.ids)) == n)
+
+    # ---- the coder (both ends) -----------------------------------------------------------
+    def encode(self, tokens: Sequence[int], q: Sequence[SparseDist]) -> bytes:
+        """A block's q (one per token, each `encodable`, each listing its token) -> bytes."""
+        if len(tokens) != len(q):
+            raise ValueError(f"{len(tokens)} tokens but {len(q)} distributions")
+        encoder = constriction.stream.queue.RangeEncoder()
+        for token, dist in zip(tokens, q):
+            if not self.encodable(dist):
+                raise InvalidDistribution("q is not on the coded grid (QCodec.quantize)")
+            levels = np.array([_WEIGHT_LEVEL[int(w)] for w in dist.weights], dtype=np.int32)
+            hit = np.nonzero(dist.ids == token)[0]
+            if len(hit) == 0:
+                raise InvalidDistribution(f"draft token {token} is not among q's ids")
+            n, index = len(dist.ids), int(hit[0])
+            encoder.encode(n - 1, self._count_model)
+            if n > 1:
+                encoder.encode(np.diff(levels).astype(np.int32), self._step_model)
+            if n > 1:  # one entry: the index is 0, nothing to code
+                encoder.encode(index, _weight_model(levels))
+            others = np.delete(dist.ids, index).astype(np.int32)
+            if len(others):
+                encoder.encode(others, self.prior.model)
+        return encoder.get_compressed().astype("<u4").tobytes()
+
+    def decode(self, data: bytes, tokens: Sequence[int]) -> list[SparseDist]:
+        """bytes + the block's tokens -> one SparseDist per token. Raises InvalidDistribution
+        on anything that is not exactly the encoding of such a block."""
+        if len(data) % 4:
+            raise InvalidDistribution(f"coded q of {len(data)} bytes: not whole 32-bit words")
+        words = np.frombuffer(data, dtype="<u4").astype(np.uint32)
+        try:
+            q = self._decode_words(words, tokens)
+        except InvalidDistribution:
+            raise
+        except (ValueError, TypeError, OverflowError, RuntimeError) as exc:
+            raise InvalidDistribution(f"undecodable coded q: {exc}") from None
+        if self.encode(tokens, q) != data:
+            raise InvalidDistribution("coded q has trailing, missing or non-canonical bytes")
+        return q
+
+    def _decode_words(self, words: np.ndarray, tokens: Sequence[int]) -> list[SparseDist]:
+        decoder = constriction.stream.queue.RangeDecoder(words)
+        out = []
+        for i, token in enumerate(tokens):
+            token = int(token)
+            if not 0 <= token < self.prior.vocab_size:
+                raise InvalidDistribution(f"token {token} at block position {i} is outside the "
+                                          f"coded vocabulary ({self.prior.vocab_size})")
+            n = int(decoder.decode(self._count_model)) + 1
+            levels = np.zeros(n, dtype=np.int32)
+            if n > 1:
+                levels[1:] = np.cumsum(decoder.decode(self._step_model, n - 1))
+                if levels[-1] > MAX_LEVEL:
+                    raise InvalidDistribution(f"q at block position {i}: level {levels[-1]} is "
+                                              f"above {MAX_LEVEL}")
+            index = int(decoder.decode(_weight_model(levels))) if n > 1 else 0
+            others = (decoder.decode(self.prior.model, n - 1).astype(np.int64) if n > 1
+                      else np.zeros(0, dtype=np.int64))
+            ids = np.insert(others, index, token)
+            if len(np.unique(ids)) != n:
+                raise InvalidDistribution(f"q at block position {i}: repeated token id")
+            weights = np.array(WEIGHTS, dtype=np.int64)[levels]
+            out.append(SparseDist(ids=ids, weights=weights))
+        return out
+
+
+def _weight_model(levels: np.ndarray):
+    """The categorical over list positions with q's own weights ([n] levels -> model)."""
+    return constriction.stream.model.Categorical(
+        _probabilities(np.array(WEIGHTS, dtype=np.int64)[levels]), perfect=False)
+
+
+def available() -> bool:
+    return constriction is not None
+
+
+def codec_for(fingerprint: str, vocab_size: int) -> QCodec | None:
+    """This end's coded-q codec for a tokenizer, or None when the coder is not installed."""
+    if not available() or vocab_size <= 0:
+        return None
+    return _codec(load_prior(fingerprint, vocab_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _codec(prior: IdPrior) -> QCodec:
+    return QCodec(prior)
