@@ -23,7 +23,7 @@ from edge.drafting import Block
 from edge.link_errors import IdentityMismatch, check_identity
 from edge.session_stream import (LinkDown, ProtocolError, RecvTimeout, SessionStream,
                                  VerifierMisconfigured)
-from tandem.codec import to_proto
+from tandem.codec import InvalidDistribution, to_proto
 from tandem.qcodec import QCodec
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb
@@ -230,12 +230,16 @@ class VerifierLink:
     def _add_q(self, draft: pb.Draft, block: Block) -> None:
         """The block's q: coded in one byte string when the session negotiated a format and
         every q is on its grid (a block drafted before a re-open may not be), else plain."""
-        codec = self.q_codec
-        if codec is not None and block.q and all(codec.encodable(q) for q in block.q):
+        if self.q_codec is not None and block.q:
             t0 = time.perf_counter()
-            draft.q_coded = codec.encode(block.tokens, block.q)
-            self.q_encode_s += time.perf_counter() - t0
-            return
+            try:
+                draft.q_coded = self.q_codec.encode(block.tokens, block.q)
+            except InvalidDistribution:
+                pass  # drafted for another format (before a re-open): sent plain below
+            finally:
+                self.q_encode_s += time.perf_counter() - t0
+            if draft.q_coded:
+                return
         for q in block.q:
             to_proto(q, draft.q.add())
 

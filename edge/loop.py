@@ -251,25 +251,28 @@ class Generation:
     def _draft(self, k: int, plan: Plan, context: list[int] | None = None) -> Block:
         cursor = self.cursors.get(plan.drafter or DEFAULT_DRAFTER, self.cursor)
         vocab = cursor.runtime.vocab_size
-        max_entries = plan.q_entries or self.config.max_q_entries
         limits = self.link.limits
         if limits is not None:
             vocab = min(vocab, limits.vocab_size or vocab)
-            max_entries = min(max_entries, limits.max_q_entries or max_entries)
         self.chooser.codec = self.link.q_codec  # the quantizer of the q format negotiated
         return cursor.draft(self.context if context is None else context, k, self.chooser,
-                            vocab_size=vocab,
-                                 max_entries=max_entries, stop_ids=self.request.stop_ids,
-                                 min_confidence=plan.min_confidence)
+                            vocab_size=vocab, max_entries=self._max_q_entries(plan),
+                            stop_ids=self.request.stop_ids, min_confidence=plan.min_confidence)
 
-    def _q_entries(self, plan: Plan) -> int:
-        if self.request.sampling.greedy:
-            return 0
+    def _max_q_entries(self, plan: Plan) -> int:
+        """Most q entries per position this round: the policy's, else the config's (the coded
+        q's own cap, client.coded_q_entries, when the session codes q and the policy did not
+        lower it), within the verifier's limit."""
         entries = plan.q_entries or self.config.max_q_entries
+        if self.link.q_codec is not None and entries >= self.config.max_q_entries:
+            entries = self.config.coded_q_entries
         limits = self.link.limits
         if limits is not None and limits.max_q_entries:
             entries = min(entries, limits.max_q_entries)
         return entries
+
+    def _q_entries(self, plan: Plan) -> int:
+        return 0 if self.request.sampling.greedy else self._max_q_entries(plan)
 
     def _verify_round(self, block: Block, k: int, plan: Plan, t_start: float) -> None:
         """Get this block verified, re-opening as often as needed; commit it unverified when

@@ -3,12 +3,13 @@ position of a block (Draft.q_coded), about a third of the bytes of the plain Spa
 messages at the same acceptance.
 
 The quantizer (`QCodec.quantize`, on the edge, before the draft token is sampled):
-  the top `max_entries` ids (at most CAP = 16) of the warped draft probabilities; each gets a
-  level l = round(2 ln(q_max / q)), i.e. half-nat steps below the most likely id, and ids with
-  l > MAX_LEVEL (below e^-4 ~ 1.8% of the top) are dropped. The weight of an id is WEIGHTS[l],
-  a fixed integer table, so q(id) = WEIGHTS[l] / sum. The draft samples from exactly this
-  SparseDist, and the coder below reproduces it bit for bit: the verifier tests the very q the
-  token was drawn from (lossless). On held-out code the coarse grid costs < 1% of acceptance.
+  the top `max_entries` ids (at most CAP = 24) of the warped draft probabilities; each gets a
+  level l = round(3 ln(q_max / q)), i.e. third-of-a-nat steps below the most likely id, and ids
+  with l > MAX_LEVEL (below e^-3 ~ 5% of the top) are dropped. The weight of an id is
+  WEIGHTS[l], a fixed integer table, so q(id) = WEIGHTS[l] / sum. The draft samples from exactly
+  this SparseDist, and the coder below reproduces it bit for bit: the verifier tests the very q
+  the token was drawn from (lossless). The flat tail the plain 16 entries carried costs more
+  bytes than acceptance; more candidates with a cut relative to the top buy acceptance back.
 
 The format of a block of k positions (tokens x_1..x_k travel in Draft.tokens, so both ends
 know them before q is decoded). For each position i, in order, with constriction's range
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 
 from tandem.codec import InvalidDistribution, SparseDist
+from tandem.codec_defaults import DEFAULT_CODED_ENTRIES
 
 try:  # the coder; without it only the plain encoding is offered
     import constriction
@@ -49,21 +51,24 @@ except ImportError:  # pragma: no cover - constriction is a declared dependency
     constriction = None
 
 CODEC_FAMILY = "ans1"
-CAP = 16                 # most entries per position
-MAX_LEVEL = 8            # half-nat levels kept below the top: e^-4 of its probability
-# round(1023 * exp(-l / 2)) for l = 0..MAX_LEVEL, fixed here so no libm decides a weight.
-WEIGHTS = (1023, 620, 376, 228, 138, 84, 51, 31, 19)
-# Static models, from the shipped draft on the training split (counts + 1; only their ratios
-# matter). Entries per position (1..16) and level steps (0..8).
-COUNT_FREQS = (19238, 11437, 8351, 8000, 7057, 6318, 5925, 5216, 4727, 4328, 4090, 3390, 3102,
-               2753, 2666, 103610)
-STEP_FREQS = (1284507, 524931, 99231, 42182, 21798, 12757, 7937, 5643, 4367)
+CAP = DEFAULT_CODED_ENTRIES  # most entries per position (24)
+LEVELS_PER_NAT = 3
+MAX_LEVEL = 9            # levels kept below the top: e^-3 of its probability
+# round(1023 * exp(-l / 3)) for l = 0..MAX_LEVEL, fixed here so no libm decides a weight.
+WEIGHTS = (1023, 733, 525, 376, 270, 193, 138, 99, 71, 51)
+# Static models (counts + 1; only their ratios matter) of the entries per position (1..CAP)
+# and the level steps (0..MAX_LEVEL): the shipped draft on the training split, printed by
+# models/train/q_prior.py.
+COUNT_FREQS = (29372, 17601, 14426, 11592, 9682, 8438, 7309, 6256, 5679, 5065, 4427, 3799, 3341,
+               3218, 2803, 3198, 2521, 2206, 2107, 1891, 1757, 1675, 1526, 50327)
+STEP_FREQS = (1249505, 520129, 109965, 50999, 29094, 18317, 12223, 8231, 6050, 4329)
 # A position codes at most 1 + 15 + 1 + 15 symbols of at most 24 bits each (constriction's
 # precision): a payload above this many bytes per token (plus one for the flush) is not a q.
 MAX_CODED_BYTES_PER_TOKEN = 96
 PRIORS_DIR = Path(__file__).resolve().parent / "qpriors"
 
-_WEIGHT_LEVEL = {w: level for level, w in enumerate(WEIGHTS)}
+_LEVEL_OF = np.full(WEIGHTS[0] + 1, -1, dtype=np.int32)  # weight -> level, -1 off the grid
+_LEVEL_OF[list(WEIGHTS)] = np.arange(len(WEIGHTS), dtype=np.int32)
 
 
 def _probabilities(freqs: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -139,45 +144,57 @@ class QCodec:
         m = max(1, min(max_entries, CAP, probs.shape[0]))
         top = torch.topk(probs.double(), m)
         ratio = (top.values / top.values[0]).clamp_min(1e-300)            # [m], first is 1
-        levels = torch.round(-2.0 * torch.log(ratio)).long()              # [m] non-decreasing
+        levels = torch.round(-LEVELS_PER_NAT * torch.log(ratio)).long()   # [m] non-decreasing
         keep = (levels <= MAX_LEVEL) & (top.values > 0)
         keep[0] = True
         table = torch.tensor(WEIGHTS, dtype=torch.long)
         return SparseDist(ids=top.indices[keep].numpy().astype(np.int64),
                           weights=table[levels[keep]].numpy().astype(np.int64))
 
+    def levels(self, dist: SparseDist) -> np.ndarray:
+        """[n] int32 levels of a q on this codec's grid (what `quantize` makes: 1..CAP distinct
+        ids of the prior's vocabulary, weights from WEIGHTS, non-increasing, the first
+        WEIGHTS[0]); raises InvalidDistribution for any other q."""
+        ids, weights = dist.ids, dist.weights
+        n = len(ids)
+        if not 1 <= n <= CAP or len(weights) != n or weights.min() < 0 or \
+                weights.max() > WEIGHTS[0]:
+            raise InvalidDistribution("q is not on the coded grid (QCodec.quantize)")
+        levels = _LEVEL_OF[weights]
+        if levels[0] != 0 or levels.min() < 0 or (n > 1 and np.diff(levels).min() < 0) or \
+                ids.min() < 0 or ids.max() >= self.prior.vocab_size or len(set(ids.tolist())) != n:
+            raise InvalidDistribution("q is not on the coded grid (QCodec.quantize)")
+        return levels
+
     def encodable(self, dist: SparseDist) -> bool:
         """Whether `dist` is on this codec's grid (what `quantize` makes), so it can be coded."""
-        n = len(dist.ids)
-        if not 1 <= n <= CAP or len(dist.weights) != n or int(dist.weights[0]) != WEIGHTS[0]:
+        try:
+            self.levels(dist)
+        except InvalidDistribution:
             return False
-        levels = [_WEIGHT_LEVEL.get(int(w), -1) for w in dist.weights]
-        return (min(levels) >= 0 and all(a <= b for a, b in zip(levels, levels[1:]))
-                and int(dist.ids.min()) >= 0 and int(dist.ids.max()) < self.prior.vocab_size
-                and len(np.unique(dist.ids)) == n)
+        return True
 
     # ---- the coder (both ends) -----------------------------------------------------------
     def encode(self, tokens: Sequence[int], q: Sequence[SparseDist]) -> bytes:
-        """A block's q (one per token, each `encodable`, each listing its token) -> bytes."""
+        """A block's q (one per token, each on the grid, each listing its token) -> bytes.
+        Raises InvalidDistribution for a q off the grid or without its token."""
         if len(tokens) != len(q):
             raise ValueError(f"{len(tokens)} tokens but {len(q)} distributions")
+        return self._encode(tokens, q, [self.levels(dist) for dist in q])
+
+    def _encode(self, tokens: Sequence[int], q: Sequence[SparseDist],
+                levels: Sequence[np.ndarray]) -> bytes:
         encoder = constriction.stream.queue.RangeEncoder()
-        for token, dist in zip(tokens, q):
-            if not self.encodable(dist):
-                raise InvalidDistribution("q is not on the coded grid (QCodec.quantize)")
-            levels = np.array([_WEIGHT_LEVEL[int(w)] for w in dist.weights], dtype=np.int32)
+        for token, dist, lv in zip(tokens, q, levels):
             hit = np.nonzero(dist.ids == token)[0]
             if len(hit) == 0:
                 raise InvalidDistribution(f"draft token {token} is not among q's ids")
             n, index = len(dist.ids), int(hit[0])
             encoder.encode(n - 1, self._count_model)
-            if n > 1:
-                encoder.encode(np.diff(levels).astype(np.int32), self._step_model)
-            if n > 1:  # one entry: the index is 0, nothing to code
-                encoder.encode(index, _weight_model(levels))
-            others = np.delete(dist.ids, index).astype(np.int32)
-            if len(others):
-                encoder.encode(others, self.prior.model)
+            if n > 1:  # one entry: no steps, and the index is 0
+                encoder.encode(np.diff(lv).astype(np.int32), self._step_model)
+                encoder.encode(index, _weight_model(lv.tobytes()))
+                encoder.encode(np.delete(dist.ids, index).astype(np.int32), self.prior.model)
         return encoder.get_compressed().astype("<u4").tobytes()
 
     def decode(self, data: bytes, tokens: Sequence[int]) -> list[SparseDist]:
@@ -192,7 +209,7 @@ class QCodec:
             raise
         except (ValueError, TypeError, OverflowError, RuntimeError) as exc:
             raise InvalidDistribution(f"undecodable coded q: {exc}") from None
-        if self.encode(tokens, q) != data:
+        if self._encode(tokens, q, [_LEVEL_OF[dist.weights] for dist in q]) != data:
             raise InvalidDistribution("coded q has trailing, missing or non-canonical bytes")
         return q
 
@@ -211,7 +228,7 @@ class QCodec:
                 if levels[-1] > MAX_LEVEL:
                     raise InvalidDistribution(f"q at block position {i}: level {levels[-1]} is "
                                               f"above {MAX_LEVEL}")
-            index = int(decoder.decode(_weight_model(levels))) if n > 1 else 0
+            index = int(decoder.decode(_weight_model(levels.tobytes()))) if n > 1 else 0
             others = (decoder.decode(self.prior.model, n - 1).astype(np.int64) if n > 1
                       else np.zeros(0, dtype=np.int64))
             ids = np.insert(others, index, token)
@@ -222,10 +239,12 @@ class QCodec:
         return out
 
 
-def _weight_model(levels: np.ndarray):
-    """The categorical over list positions with q's own weights ([n] levels -> model)."""
+@functools.lru_cache(maxsize=4096)
+def _weight_model(levels: bytes):
+    """The categorical over list positions with q's own weights (levels: [n] int32 bytes)."""
     return constriction.stream.model.Categorical(
-        _probabilities(np.array(WEIGHTS, dtype=np.int64)[levels]), perfect=False)
+        _probabilities(np.array(WEIGHTS, dtype=np.int64)[np.frombuffer(levels, np.int32)]),
+        perfect=False)
 
 
 def available() -> bool:

@@ -19,18 +19,23 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from models.train.corpus import corpus_files, split
 from tandem.fingerprint import tokenizer_fingerprint
-from tandem.qcodec import CAP, QCodec, prior_path, uniform_prior
+from tandem.qcodec import CAP, MAX_LEVEL, WEIGHTS, QCodec, prior_path, uniform_prior
 from tandem.sampling import SamplingParams, warp
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def count_kept_ids(draft, tokenizer, tokens: int, seq: int = 256, seed: int = 0) -> np.ndarray:
-    """[vocab] counts of ids in QCodec.quantize's q of the draft's T = 0.8 distributions over
-    windows of training files (file order shuffled with `seed`; every 4th window)."""
+def count_kept_ids(draft, tokenizer, tokens: int, seq: int = 256,
+                   seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Over QCodec.quantize's q of the draft's T = 0.8 distributions on windows of training
+    files (file order shuffled with `seed`; every 4th window): [vocab] counts of kept ids,
+    [CAP] counts of entries per q (1..CAP), [MAX_LEVEL + 1] counts of level steps."""
     vocab = draft.config.vocab_size
     codec = QCodec(uniform_prior(vocab))  # the quantizer does not depend on the prior
     counts = np.zeros(vocab, dtype=np.int64)
+    sizes = np.zeros(CAP, dtype=np.int64)
+    steps = np.zeros(MAX_LEVEL + 1, dtype=np.int64)
+    level = {w: i for i, w in enumerate(WEIGHTS)}
     files, _ = split(corpus_files())
     random.Random(seed).shuffle(files)
     params, seen = SamplingParams(temperature=0.8), 0
@@ -40,11 +45,14 @@ def count_kept_ids(draft, tokenizer, tokens: int, seq: int = 256, seed: int = 0)
             with torch.no_grad():
                 probs = warp(draft(torch.tensor([ids[start:start + seq]])).logits[0], params)
             for row in probs:                                            # [vocab]
-                np.add.at(counts, codec.quantize(row, CAP).ids, 1)
+                q = codec.quantize(row, CAP)
+                np.add.at(counts, q.ids, 1)
+                sizes[len(q.ids) - 1] += 1
+                np.add.at(steps, np.diff([level[int(w)] for w in q.weights]).astype(np.int64), 1)
             seen += seq
             if seen >= tokens:
-                return counts
-    return counts
+                return counts, sizes, steps
+    return counts, sizes, steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,12 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(str(args.draft))
     draft = AutoModelForCausalLM.from_pretrained(str(args.draft)).eval()
-    counts = count_kept_ids(draft, tokenizer, args.tokens)
+    counts, sizes, steps = count_kept_ids(draft, tokenizer, args.tokens)
     out = prior_path(tokenizer_fingerprint(tokenizer))
     out.parent.mkdir(parents=True, exist_ok=True)
     np.save(out, counts.astype(np.uint32))
     print(f"{out}: {int(counts.sum())} kept ids over {args.tokens} positions, "
           f"{int((counts > 0).sum())} distinct")
+    print(f"COUNT_FREQS = {tuple(int(c) + 1 for c in sizes)}")
+    print(f"STEP_FREQS = {tuple(int(c) + 1 for c in steps)}")
     return 0
 
 
