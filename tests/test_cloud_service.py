@@ -367,7 +367,7 @@ def test_coded_q_is_negotiated_and_bad_coded_bytes_are_refused(stub, server, run
 
     plain = pb.SparseDistribution(ids=[tokens[0]], weights=[1])
     for name, draft, pattern, negotiated in [
-        ("cut", pb.Draft(tokens=tokens, q_coded=data[:-4]), "q_coded", True),
+        ("cut", pb.Draft(tokens=tokens, q_coded=data[:-4]), "q_coded|one q per draft", True),
         ("not whole words", pb.Draft(tokens=tokens, q_coded=data + b"\x07"), "32-bit words", True),
         ("padded", pb.Draft(tokens=tokens, q_coded=data + bytes(4)), "q_coded", True),
         ("oversized", pb.Draft(tokens=tokens, q_coded=bytes(4000)), "more than any", True),

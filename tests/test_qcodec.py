@@ -46,7 +46,7 @@ sparse_probs = st.lists(st.tuples(st.integers(0, VOCAB - 1),
 def _dense(pairs) -> torch.Tensor:
     probs = torch.zeros(VOCAB, dtype=torch.float64)
     for i, p in pairs:
-        probs[i] = p
+        probs[i] += p
     return probs
 
 
