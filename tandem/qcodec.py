@@ -27,14 +27,15 @@ padded or corrupted bytes are refused, never silently read as some other q.
 The id prior is a table of counts over the vocabulary, shipped in tandem/qpriors/ keyed by the
 tokenizer fingerprint (models/train/q_prior.py builds it: how often each id is kept in a
 draft q on the training split); a tokenizer without one gets a uniform prior. The codec's name,
-negotiated in Open.q_codecs / Opened.q_codec, carries a digest of the prior, so two ends only
-agree on the coded format when they hold the same table; otherwise the plain
-SparseDistribution messages are used.
+negotiated in Open.q_codecs / Opened.q_codec, carries a digest of the prior and constriction's
+version, so two ends only agree on the coded format when they build the same models;
+otherwise the plain SparseDistribution messages are used.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +48,10 @@ from tandem.codec_defaults import DEFAULT_CODED_ENTRIES
 
 try:  # the coder; without it only the plain encoding is offered
     import constriction
+    # Both ends must quantize the models alike: the coder's version is part of the name.
+    CODER_VERSION = importlib.metadata.version("constriction")
 except ImportError:  # pragma: no cover - constriction is a declared dependency
-    constriction = None
+    constriction, CODER_VERSION = None, ""
 
 CODEC_FAMILY = "ans1"
 CAP = DEFAULT_CODED_ENTRIES  # most entries per position (24)
@@ -62,9 +65,9 @@ WEIGHTS = (1023, 733, 525, 376, 270, 193, 138, 99, 71, 51)
 COUNT_FREQS = (29372, 17601, 14426, 11592, 9682, 8438, 7309, 6256, 5679, 5065, 4427, 3799, 3341,
                3218, 2803, 3198, 2521, 2206, 2107, 1891, 1757, 1675, 1526, 50327)
 STEP_FREQS = (1249505, 520129, 109965, 50999, 29094, 18317, 12223, 8231, 6050, 4329)
-# A position codes at most 1 + 15 + 1 + 15 symbols of at most 24 bits each (constriction's
+# A position codes at most 1 + 23 + 1 + 23 symbols of at most 24 bits each (constriction's
 # precision): a payload above this many bytes per token (plus one for the flush) is not a q.
-MAX_CODED_BYTES_PER_TOKEN = 96
+MAX_CODED_BYTES_PER_TOKEN = 144
 PRIORS_DIR = Path(__file__).resolve().parent / "qpriors"
 
 _LEVEL_OF = np.full(WEIGHTS[0] + 1, -1, dtype=np.int32)  # weight -> level, -1 off the grid
@@ -129,8 +132,9 @@ class QCodec:
 
     @property
     def name(self) -> str:
-        """What Open.q_codecs and Opened.q_codec carry: the format and the prior's digest."""
-        return f"{CODEC_FAMILY}:{self.prior.vocab_size}:{self.prior.digest}"
+        """What Open.q_codecs and Opened.q_codec carry: the format, the prior's digest and
+        the coder's version (its fixed-point models must be the same at both ends)."""
+        return f"{CODEC_FAMILY}:{self.prior.vocab_size}:{self.prior.digest}:c{CODER_VERSION}"
 
     # ---- the quantizer (edge) ------------------------------------------------------------
     def quantize(self, probs: torch.Tensor, max_entries: int = CAP) -> SparseDist:
