@@ -166,3 +166,21 @@ def test_the_shipped_drafts_q_round_trip_and_shrink(draft_dir, prompt_ids):
     print(f"coded q {coded / blocks / 4:.1f} B per position; the same q as SparseDistributions "
           f"(with tokens) {plain / blocks / 4:.1f} B")
     assert coded < plain / 2
+
+
+def test_the_link_codes_a_block_on_the_grid_and_sends_any_other_plain():
+    """A session that negotiated the coded format still sends a block drafted for another one
+    (plain-quantized before a re-open) as SparseDistributions; its own blocks go coded."""
+    from edge.drafting import Block
+    from edge.link import VerifierLink
+    from tandem.codec import quantize
+    link = VerifierLink(None, (), session_id="s", target_model="", fingerprint="",
+                        sampling=SamplingParams(temperature=1.0), offered_codec=SHIPPED)
+    link.q_codec = SHIPPED
+    probs = _dense([(3, 0.5), (9, 0.3), (11, 0.2)])
+    for dist, coded in ((SHIPPED.quantize(probs), True), (quantize(probs), False)):
+        draft = pb.Draft(tokens=[9])
+        link._add_q(draft, Block(tokens=[9], q=[dist]))
+        assert bool(draft.q_coded) == coded and len(draft.q) == (0 if coded else 1)
+        back = SHIPPED.decode(draft.q_coded, [9])[0] if coded else dist
+        assert back.ids.tolist() == dist.ids.tolist()
