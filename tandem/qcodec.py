@@ -165,7 +165,7 @@ class QCodec:
                 weights.max() > WEIGHTS[0]:
             raise InvalidDistribution("q is not on the coded grid (QCodec.quantize)")
         levels = _LEVEL_OF[weights]
-        if levels[0] != 0 or levels.min() < 0 or (n > 1 and np.diff(levels).min() < 0) or \
+        if levels[0] != 0 or levels.min() < 0 or (n > 1 and (levels[1:] < levels[:-1]).any()) or \
                 ids.min() < 0 or ids.max() >= self.prior.vocab_size or len(set(ids.tolist())) != n:
             raise InvalidDistribution("q is not on the coded grid (QCodec.quantize)")
         return levels
@@ -196,9 +196,10 @@ class QCodec:
             n, index = len(dist.ids), int(hit[0])
             encoder.encode(n - 1, self._count_model)
             if n > 1:  # one entry: no steps, and the index is 0
-                encoder.encode(np.diff(lv).astype(np.int32), self._step_model)
+                encoder.encode(lv[1:] - lv[:-1], self._step_model)
                 encoder.encode(index, _weight_model(lv.tobytes()))
-                encoder.encode(np.delete(dist.ids, index).astype(np.int32), self.prior.model)
+                encoder.encode(np.concatenate((dist.ids[:index], dist.ids[index + 1:])).astype(np.int32),
+                               self.prior.model)
         return encoder.get_compressed().astype("<u4").tobytes()
 
     def decode(self, data: bytes, tokens: Sequence[int]) -> list[SparseDist]:
@@ -235,8 +236,8 @@ class QCodec:
             index = int(decoder.decode(_weight_model(levels.tobytes()))) if n > 1 else 0
             others = (decoder.decode(self.prior.model, n - 1).astype(np.int64) if n > 1
                       else np.zeros(0, dtype=np.int64))
-            ids = np.insert(others, index, token)
-            if len(np.unique(ids)) != n:
+            ids = np.concatenate((others[:index], [token], others[index:]))
+            if len(set(ids.tolist())) != n:
                 raise InvalidDistribution(f"q at block position {i}: repeated token id")
             weights = np.array(WEIGHTS, dtype=np.int64)[levels]
             out.append(SparseDist(ids=ids, weights=weights))
