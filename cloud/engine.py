@@ -30,8 +30,8 @@ from cloud.runtime.torch_backend import TorchBackend
 from cloud.sessions import Session, SessionTable
 from cloud.verify import Verdict, verify_greedy, verify_sampled
 from tandem.codec import InvalidDistribution, SparseDist
-from tandem.qcodec import QCodec, codec_for
 from tandem.metrics import tau
+from tandem.qcodec import QCodec, codec_for
 from tandem.sampling import SamplingParams, warp
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from cloud.inbox import Inbox, UndecodableMessage, lenient_deserializer
 from cloud.runtime.target import TargetRuntime
 from cloud.sessions import Session
 from tandem.codec import from_proto
-from tandem.qcodec import MAX_CODED_BYTES_PER_TOKEN
 from tandem.config import ConfigError
+from tandem.qcodec import MAX_CODED_BYTES_PER_TOKEN
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
