@@ -166,7 +166,8 @@ class VerifierLink:
             sampling=pb.SamplingParams(temperature=params.temperature, top_k=params.top_k,
                                        top_p=params.top_p, seed=params.seed),
             mode=pb.MODE_FAST if self.fast else pb.MODE_LOSSLESS,
-            q_codecs=[self.offered_codec.name] if self.offered_codec is not None else []))
+            q_codecs=[self.offered_codec.name]  # greedy sends no q: nothing to offer
+            if self.offered_codec is not None and not params.greedy else []))
         t_open = time.monotonic()
         self.bytes_up += stream.send(message)
         try:

@@ -20,6 +20,7 @@ import queue
 import threading
 
 import grpc
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -33,6 +34,8 @@ from cloud.errors import CloudError
 from cloud.identity import identify
 from cloud.runtime.target import TargetRuntime
 from cloud.service import _Stream, create_server
+from tandem.codec import SparseDist
+from tandem.qcodec import codec_for
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
@@ -132,11 +135,18 @@ class Bystander:
 def _valid_messages(runtime: TargetRuntime) -> list[bytes]:
     sampling = pb.SamplingParams(temperature=0.8, top_k=20, seed=3)
     q = pb.SparseDistribution(ids=[1, 2, 3], weights=[5, 2, 1])
+    codec = codec_for(runtime.fingerprint, runtime.vocab_size)
+    coded = codec.encode([1, 2], [SparseDist(np.array([1, 3, 2]), np.array([1023, 525, 99])),
+                                  SparseDist(np.array([2]), np.array([1023]))])
     return [m.SerializeToString() for m in (
         _open(runtime, [1, 2, 3, 4]),
         pb.ClientMessage(open=pb.Open(tokenizer_fingerprint=runtime.fingerprint,
                                       context_ids=[9, 8], sampling=sampling)),
+        pb.ClientMessage(open=pb.Open(tokenizer_fingerprint=runtime.fingerprint,
+                                      context_ids=[1, 2, 3, 4], sampling=sampling,
+                                      q_codecs=[codec.name])),
         pb.ClientMessage(draft=pb.Draft(round=1, start=4, tokens=[1, 2], q=[q, q])),
+        pb.ClientMessage(draft=pb.Draft(round=1, start=4, tokens=[1, 2], q_coded=coded)),
         pb.ClientMessage(close=pb.Close(reason="x")))]
 
 
