@@ -4,16 +4,20 @@ draft backend, greedy and sampled.
 
     python -m bench.e2e_report [--prompts N] [--max-tokens 64] [--dev] [--backends ...]
                                [--draft-length 4] [--temperature 0.8] [--q-entries 16]
-                               [--json PATH]
+                               [--q-codecs entropy plain] [--json PATH]
 
 Reported per backend and mode (metric names and formulas of shared/ANCHORS.md):
   τ                  mean accepted length = 1 + accepted / rounds (plain decoding: 1)
   passes/token       target passes (verdicts) per generated token
   up B/drafted       uplink bytes of Draft messages per drafted token (tokens + sparse q)
+  q code %           time coding q (edge encode + verifier decode, tandem/qcodec.py) as a
+                     share of the generations' wall time (sampled rows with q_codec entropy)
   up B/tok, down B/tok   all serialized message bytes (Open, Draft, Close / Opened, Verdict)
                      per generated token; protobuf ByteSize(), gRPC/HTTP2 framing excluded
 Generation ignores eos, so every prompt yields exactly --max-tokens tokens. Sampled runs use
-seed = prompt index, so a rerun gives the same numbers.
+seed = prompt index, so a rerun gives the same numbers. Each of --q-codecs (client.q_codec:
+entropy = coded q, plain = one SparseDistribution per position) runs the sampled mode over the
+same prompts, so their τ compare within one run; greedy sends no q and runs once.
 """
 from __future__ import annotations
 
@@ -60,6 +64,8 @@ class Row:
     bytes_down: int
     unverified: int
     wall_s: float
+    q_encode_s: float = 0.0   # edge: coding q into Draft.q_coded
+    q_decode_s: float = 0.0   # verifier: decoding it (checks included)
 
     @property
     def tau(self) -> float:
@@ -72,10 +78,14 @@ class Row:
                 "uplink_bytes_per_drafted_token": self.draft_bytes_up / max(self.drafted_tokens, 1),
                 "bytes_up_per_token": self.bytes_up / self.tokens,
                 "bytes_down_per_token": self.bytes_down / self.tokens,
-                "tokens_per_s": self.tokens / self.wall_s}
+                "tokens_per_s": self.tokens / self.wall_s,
+                "q_code_share": (self.q_encode_s + self.q_decode_s) / self.wall_s,
+                "q_code_ms_per_round": (self.q_encode_s + self.q_decode_s) * 1000.0
+                / max(self.rounds, 1)}
 
 
-def summarize(backend: str, mode: str, results: list[GenerationResult]) -> Row:
+def summarize(backend: str, mode: str, results: list[GenerationResult],
+              q_decode_s: float = 0.0) -> Row:
     return Row(backend=backend, mode=mode, prompts=len(results),
                tokens=sum(len(r.token_ids) for r in results),
                rounds=sum(r.rounds for r in results),
@@ -86,7 +96,8 @@ def summarize(backend: str, mode: str, results: list[GenerationResult]) -> Row:
                bytes_up=sum(r.bytes_up for r in results),
                bytes_down=sum(r.bytes_down for r in results),
                unverified=sum(r.verified.count(False) for r in results),
-               wall_s=sum(r.wall_s for r in results))
+               wall_s=sum(r.wall_s for r in results),
+               q_encode_s=sum(r.q_encode_s for r in results), q_decode_s=q_decode_s)
 
 
 def draft_config(backend: str, draft_dir: Path, threads: int) -> DraftConfig:
@@ -108,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.8, help="of the sampled runs")
     parser.add_argument("--q-entries", type=int, default=ClientConfig().max_q_entries,
                         help="most ids in each sparse draft distribution (sampled runs)")
+    parser.add_argument("--q-codecs", nargs="+", choices=("entropy", "plain"),
+                        default=["entropy", "plain"],
+                        help="client.q_codec values to compare (sampled runs)")
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--dev", action="store_true",
                         help="the random development models (plumbing only; numbers mean nothing)")
@@ -145,17 +159,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"skipping {backend}: {exc}", file=sys.stderr)
                 continue
             try:
-                for policy in args.policies:
+                for policy, codec in [(p, c) for p in args.policies for c in args.q_codecs]:
                     client = EdgeClient(channel, draft, ClientConfig(
                         draft_length=args.draft_length, max_q_entries=args.q_entries,
                         policy=policy, draft_ahead=args.draft_ahead,
-                        send_ahead=args.send_ahead))
-                    label = backend if len(args.policies) == 1 else f"{backend}/{policy}"
+                        send_ahead=args.send_ahead, q_codec=codec))
+                    label = "/".join([backend] + ([policy] if len(args.policies) > 1 else [])
+                                     + ([codec] if len(args.q_codecs) > 1 else []))
                     for mode, sampling in modes.items():
+                        if mode == "greedy" and codec != args.q_codecs[0]:
+                            continue  # greedy sends no q: the same run for every codec
+                        decoded_before = server.engine.q_decode_s
                         results = [client.generate(GenerationRequest(ids, args.max_tokens,
                                                                      sampling=sampling(i)))
                                    for i, ids in enumerate(prompts)]
-                        rows.append(summarize(label, mode, results))
+                        rows.append(summarize(label, mode, results,
+                                              server.engine.q_decode_s - decoded_before))
                         print_row(rows[-1], header=len(rows) == 1)
             finally:
                 draft.close()
@@ -164,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         server.stop(0).wait()
     print(f"({len(prompts)} prompts x {args.max_tokens} tokens, k = {args.draft_length} (fixed), "
           f"draft-ahead {args.draft_ahead}, send-ahead {args.send_ahead}, "
-          f"q entries <= {args.q_entries}, "
+          f"q entries <= {args.q_entries}, q codecs {' '.join(args.q_codecs)}, "
           f"models {'dev' if args.dev else 'shipped'}, {time.monotonic() - started:.0f} s)")
     if args.json:
         args.json.write_text(json.dumps([{**asdict(row), **row.derived()} for row in rows],
@@ -175,12 +194,14 @@ def main(argv: list[str] | None = None) -> int:
 def print_row(row: Row, header: bool) -> None:
     if header:
         print(f"{'backend':<20} {'mode':<7} {'τ':>5} {'passes/tok':>10} {'up B/drafted':>12} "
-              f"{'up B/tok':>8} {'down B/tok':>10} {'tok/s':>7} {'unverified':>10}")
+              f"{'up B/tok':>8} {'down B/tok':>10} {'tok/s':>7} {'unverified':>10} "
+              f"{'q code %':>8}")
     d = row.derived()
     print(f"{row.backend:<20} {row.mode:<7} {d['mean_accepted_length']:5.2f} "
           f"{d['passes_per_token']:10.3f} {d['uplink_bytes_per_drafted_token']:12.1f} "
           f"{d['bytes_up_per_token']:8.1f} {d['bytes_down_per_token']:10.1f} "
-          f"{d['tokens_per_s']:7.1f} {row.unverified:10d}", flush=True)
+          f"{d['tokens_per_s']:7.1f} {row.unverified:10d} {100 * d['q_code_share']:8.2f}",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,9 @@ class LimitSettings(Settings):
         "most context tokens per session; 0 = the target's own limit (never above it)"))
     max_q_entries: int = Field(64, ge=1, le=65_536,
                                description="most ids one SparseDistribution may list")
+    coded_q: bool = Field(True, description=(
+        "accept entropy-coded draft distributions (Draft.q_coded, tandem/qcodec.py) from edges "
+        "that offer the same format; False = SparseDistribution messages only"))
     max_sessions: int = Field(64, ge=1, le=100_000,
                               description="open sessions at once (LRU-evicted beyond)")
     kv_budget_bytes: int = Field(512 * 2**20, ge=1, description=(

@@ -31,6 +31,7 @@ from cloud.sessions import Session, SessionTable
 from cloud.verify import Verdict, verify_greedy, verify_sampled
 from tandem.codec import InvalidDistribution, SparseDist
 from tandem.metrics import tau
+from tandem.qcodec import QCodec, codec_for
 from tandem.sampling import SamplingParams, warp
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class OpenRequest:
     context_ids: list[int]
     sampling: SamplingParams
     mode: int = 0
+    q_codecs: tuple[str, ...] = ()  # coded q formats the edge can send, preferred first
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Opened:
     session: Session
     load: float
     prefill_ms: float
+    q_codec: str = ""  # the coded q format the session's Drafts may use; "" = none
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class DraftRequest:
     start: int
     tokens: list[int]
     q: list[SparseDist]  # one per token when sampling; ignored for greedy
+    q_coded: bytes = b""  # instead of q: the block's q coded with the session's q codec
     # Fast mode: tokens the edge emitted unverified since the last verdict; appended to the
     # context before the block (they are context, not candidates: never tested).
     unverified: tuple[int, ...] = ()
@@ -149,6 +153,11 @@ class Engine:
                            kv_bytes=lambda: self.table.used_bytes,
                            kv_budget_bytes=limits.kv_budget_bytes)
         self.batcher = getattr(runtime, "batcher", None)  # the torch backend's; None on vLLM
+        # The coded q format this verifier accepts (tandem/qcodec.py), and the time spent
+        # decoding it (benchmarks read it: bench/e2e_report.py).
+        self.q_codec: QCodec | None = (codec_for(runtime.fingerprint, runtime.vocab_size)
+                                       if limits.coded_q else None)
+        self.q_decode_s = 0.0
         if limits.kv_budget_bytes < self.limits.max_context * runtime.bytes_per_token:
             log.warning("kv_budget_bytes (%d) is below one full-length session (%d tokens x %d "
                         "bytes): long contexts will be refused", limits.kv_budget_bytes,
@@ -166,7 +175,9 @@ class Engine:
             generator=torch.Generator().manual_seed(
                 _session_seed(request.sampling.seed, len(context))),
             state=state, context_length=len(context), pending_token=context[-1],
-            mode=request.mode, prompt_tokens=len(context))
+            mode=request.mode, prompt_tokens=len(context),
+            q_codec=self.q_codec if self.q_codec is not None
+            and self.q_codec.name in request.q_codecs else None)
         for victim in self.table.admit(session, (len(context) - 1) * self.runtime.bytes_per_token):
             self._log_end(victim, "evicted")
         started = time.perf_counter()
@@ -180,7 +191,8 @@ class Engine:
             self.table.settle(session, state.length * self.runtime.bytes_per_token)
         self.metrics.observe_open(len(context) - 1)
         return Opened(session=session, load=self.table.load,
-                      prefill_ms=(time.perf_counter() - started) * 1000.0)
+                      prefill_ms=(time.perf_counter() - started) * 1000.0,
+                      q_codec=session.q_codec.name if session.q_codec is not None else "")
 
     def _check_open(self, request: OpenRequest) -> None:
         if request.model and request.model != self.runtime.name:
@@ -211,7 +223,7 @@ class Engine:
         if request.ahead and (request.start != session.context_length
                               or request.assumed_token != session.pending_token):
             return Discarded(request.round, session.context_length)
-        self._check_draft(session, request)
+        q = self._check_draft(session, request)
 
         k, start, m = len(request.tokens), request.start, len(request.unverified)
         grown = (start + m + k) * self.runtime.bytes_per_token
@@ -225,7 +237,7 @@ class Engine:
             block = [session.pending_token, *request.unverified] + request.tokens
             result = self.runtime.submit(session.state, block, rows=k + 1).result()
             verify_started = time.perf_counter()
-            verdict = self._verify(session, request, result.logits[m:])
+            verdict = self._verify(session, request.tokens, q, result.logits[m:])
             verify_ms = (time.perf_counter() - verify_started) * 1000.0
             self.runtime.rollback(session.state, start + m + verdict.accepted)
         except BaseException:
@@ -315,17 +327,19 @@ class Engine:
             if done:
                 return
 
-    def _verify(self, session: Session, request: DraftRequest, logits: torch.Tensor) -> Verdict:
-        draft_tokens = torch.tensor(request.tokens, dtype=torch.long)        # [k]
+    def _verify(self, session: Session, tokens: list[int], dists: list[SparseDist],
+                logits: torch.Tensor) -> Verdict:
+        draft_tokens = torch.tensor(tokens, dtype=torch.long)                # [k]
         if session.params.greedy:
             return verify_greedy(draft_tokens, logits)
         p = warp(logits, session.params)                                      # [k + 1, vocab]
-        q = torch.zeros((len(request.tokens), logits.shape[1]), dtype=torch.float64)  # [k, vocab]
-        for i, dist in enumerate(request.q):
+        q = torch.zeros((len(tokens), logits.shape[1]), dtype=torch.float64)  # [k, vocab]
+        for i, dist in enumerate(dists):
             q[i] = dist.dense(logits.shape[1])
         return verify_sampled(draft_tokens, q, p, session.generator)
 
-    def _check_draft(self, session: Session, request: DraftRequest) -> None:
+    def _check_draft(self, session: Session, request: DraftRequest) -> list[SparseDist]:
+        """Refuse what cannot be verified; returns the block's q (decoded when coded)."""
         k = len(request.tokens)
         if k > self.limits.max_draft_length:
             raise InvalidRequest(f"block of {k} tokens exceeds max_draft_length "
@@ -347,11 +361,12 @@ class Engine:
             raise ContextTooLong(f"this round could take the context to {end} "
                                  f"tokens, above max_context {self.limits.max_context}")
         if session.params.greedy:
-            return
-        if len(request.q) != k:
+            return []
+        q = self._decode_q(session, request) if request.q_coded else request.q
+        if len(q) != k:
             raise InvalidRequest(f"sampling needs one q per draft token: {k} tokens, "
-                                 f"{len(request.q)} distributions")
-        for i, (token, dist) in enumerate(zip(request.tokens, request.q)):
+                                 f"{len(q)} distributions")
+        for i, (token, dist) in enumerate(zip(request.tokens, q)):
             try:
                 dist.validate(self.limits.vocab_size, self.limits.max_q_entries)
             except InvalidDistribution as exc:
@@ -360,6 +375,21 @@ class Engine:
                 raise ZeroDraftProbability(
                     f"draft token {token} at block position {i} has q = 0: the draft could not "
                     "have sampled it (q must be the distribution the token was drawn from)")
+        return q
+
+    def _decode_q(self, session: Session, request: DraftRequest) -> list[SparseDist]:
+        if request.q:
+            raise InvalidRequest("a Draft carries q or q_coded, not both")
+        if session.q_codec is None:
+            raise InvalidRequest("Draft.q_coded on a session that negotiated no coded q format "
+                                 "(Opened.q_codec is empty)")
+        started = time.perf_counter()
+        try:
+            return session.q_codec.decode(request.q_coded, request.tokens)
+        except InvalidDistribution as exc:
+            raise InvalidRequest(f"Draft.q_coded: {exc}") from exc
+        finally:
+            self.q_decode_s += time.perf_counter() - started
 
     def _check_ids(self, ids: list[int], name: str) -> None:
         bad = [i for i, token in enumerate(ids) if not 0 <= token < self.limits.vocab_size]

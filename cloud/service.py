@@ -29,6 +29,7 @@ from cloud.runtime.target import TargetRuntime
 from cloud.sessions import Session
 from tandem.codec import from_proto
 from tandem.config import ConfigError
+from tandem.qcodec import MAX_CODED_BYTES_PER_TOKEN
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
@@ -46,6 +47,7 @@ SERVER_SOCKET_OPTIONS = (("grpc.so_reuseport", 0),
                          ("grpc.http2.max_ping_strikes", 0))
 RESERVED_THREADS = 4   # pool threads beyond the stream slots: Info and health always answer
 MAX_NAME_CHARS = 256   # session_id, model, tokenizer_fingerprint, close reason
+MAX_Q_CODECS = 16      # names in Open.q_codecs
 
 
 class DecodingServicer(pb_grpc.DecodingServicer):
@@ -169,12 +171,12 @@ class _Stream:
             session_id=message.session_id, model=message.model,
             tokenizer_fingerprint=message.tokenizer_fingerprint,
             context_ids=list(message.context_ids), sampling=_sampling(message.sampling, self.engine.limits.vocab_size),
-            mode=int(message.mode)))
+            mode=int(message.mode), q_codecs=tuple(message.q_codecs)))
         with self._lock:
             self.session = opened.session
         return pb.ServerMessage(opened=pb.Opened(
             session_id=opened.session.session_id, limits=_limits(self.engine),
-            load=opened.load, prefill_ms=opened.prefill_ms,
+            load=opened.load, prefill_ms=opened.prefill_ms, q_codec=opened.q_codec,
             target=_identity(self.engine.identity)))
 
     def _draft(self, message: pb.Draft) -> pb.ServerMessage:
@@ -183,7 +185,8 @@ class _Stream:
             self.admission.take_draft_tokens(self.key, len(message.tokens))
         result = self.engine.draft(self.session, DraftRequest(
             round=message.round, start=message.start, tokens=list(message.tokens),
-            q=[from_proto(dist) for dist in message.q], unverified=tuple(message.unverified),
+            q=[from_proto(dist) for dist in message.q], q_coded=message.q_coded,
+            unverified=tuple(message.unverified),
             ahead=message.ahead, assumed_token=message.assumed_token,
             in_flight=max(message.in_flight, 1)))
         if isinstance(result, Discarded):
@@ -236,6 +239,10 @@ def _check_open_sizes(message: pb.Open, engine: Engine) -> None:
     for name in ("session_id", "model", "tokenizer_fingerprint"):
         if len(getattr(message, name)) > MAX_NAME_CHARS:
             raise InvalidRequest(f"Open.{name} is longer than {MAX_NAME_CHARS} characters")
+    if len(message.q_codecs) > MAX_Q_CODECS or any(len(c) > MAX_NAME_CHARS
+                                                   for c in message.q_codecs):
+        raise InvalidRequest(f"Open.q_codecs: at most {MAX_Q_CODECS} names of at most "
+                             f"{MAX_NAME_CHARS} characters")
     if len(message.context_ids) > engine.limits.max_context:
         raise ContextTooLong(f"context of {len(message.context_ids)} tokens exceeds "
                              f"max_context {engine.limits.max_context}")
@@ -247,6 +254,9 @@ def _check_draft_sizes(message: pb.Draft, engine: Engine) -> None:
         if n > limits.max_draft_length:
             raise InvalidRequest(f"block of {n} {name} exceeds max_draft_length "
                                  f"{limits.max_draft_length}")
+    if len(message.q_coded) > MAX_CODED_BYTES_PER_TOKEN * (len(message.tokens) + 1):
+        raise InvalidRequest(f"Draft.q_coded of {len(message.q_coded)} bytes for "
+                             f"{len(message.tokens)} tokens: more than any coded q needs")
     for i, dist in enumerate(message.q):
         if len(dist.ids) > limits.max_q_entries or len(dist.weights) > limits.max_q_entries:
             raise InvalidRequest(f"q at block position {i} lists {len(dist.ids)} ids and "

@@ -24,6 +24,7 @@ import torch
 
 from cloud.errors import ResourceExhausted
 from cloud.runtime.kv import KVState
+from tandem.qcodec import QCodec
 from tandem.sampling import SamplingParams
 
 
@@ -48,6 +49,7 @@ class Session:
     leaving: bool = False        # removed while busy: dropped from the table when its pass settles
     evicted: bool = False
     closed: bool = False
+    q_codec: QCodec | None = None  # the coded q format negotiated at Open; None = plain q only
 
     @property
     def mean_accepted(self) -> float:

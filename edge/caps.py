@@ -47,17 +47,20 @@ def verifier_vocab(limits: pb.Limits | None) -> int:
 
 class HasLimits(Protocol):
     limits: pb.Limits | None   # the last Opened's (edge.link.VerifierLink)
+    q_codec: object | None     # the coded-q format the open stream negotiated (None: plain)
 
 
 class Caps:
     """The verifier's limits (read live from the link: a re-open may bring new ones) combined
     with the edge's own bounds: the smallest cache among the local models (n_ctx) and
-    client.max_q_entries."""
+    client.max_q_entries (client.coded_q_entries when the session codes q)."""
 
-    def __init__(self, link: HasLimits, n_ctx: int, max_q_entries: int) -> None:
+    def __init__(self, link: HasLimits, n_ctx: int, max_q_entries: int,
+                 coded_q_entries: int | None = None) -> None:
         self.link = link
         self.n_ctx = n_ctx
         self.max_q_entries = max_q_entries
+        self.coded_q_entries = coded_q_entries if coded_q_entries is not None else max_q_entries
 
     def _limit(self, field: str) -> int:
         limits = self.link.limits
@@ -81,9 +84,12 @@ class Caps:
                             max_context=self.max_context)
 
     def q_entries(self, asked: int | None = None) -> int:
-        """Sparse-q entries per position: the plan's (or client.max_q_entries), within the
-        verifier's limit."""
+        """Sparse-q entries per position: the plan's, else the config's (the coded q's own cap,
+        client.coded_q_entries, when the session codes q and the plan did not lower it), within
+        the verifier's limit."""
         entries = asked or self.max_q_entries
+        if self.link.q_codec is not None and entries >= self.max_q_entries:
+            entries = self.coded_q_entries
         server = self._limit("max_q_entries")
         return min(entries, server) if server else entries
 

@@ -35,6 +35,7 @@ from edge.link.stream import (ClientError, CloudUnavailable, ProtocolError,
 from edge.rounds import GenerationResult, RoundRecord
 from edge.runtime.base import DraftRuntime
 from edge.state import OnRound, OnTokens, truncate
+from tandem.qcodec import codec_for
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
@@ -97,6 +98,9 @@ class EdgeClient:
         self.jitter_rng = random.Random()  # unseeded: edges must not retry in lockstep
         self.monitor = monitor
         self._fast_policy: DraftPolicy | None = None  # built on the first fast request
+        # The coded q format this client offers verifiers (None: plain SparseDistributions).
+        self.q_codec = (codec_for(draft.fingerprint(), draft.vocab_size)
+                        if config.q_codec == "entropy" else None)
 
     def generate(self, request: GenerationRequest, on_tokens: OnTokens | None = None,
                  on_round: OnRound | None = None,
@@ -124,7 +128,8 @@ class EdgeClient:
         link = VerifierLink(self.stub, self.metadata, session_id=uuid.uuid4().hex,
                             target_model=self.config.target_model,
                             fingerprint=self.draft.fingerprint(), sampling=request.sampling,
-                            fast=mode == "fast", pinned_digest=self.config.target_digest)
+                            fast=mode == "fast", pinned_digest=self.config.target_digest,
+                            offered_codec=self.q_codec)
         try:
             return Generation(request=request, cursor=self.cursor,
                               config=self.config, policy=policy, link=link,

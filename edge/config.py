@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from edge.runtime.config import DraftConfig
-from tandem.codec_defaults import DEFAULT_MAX_ENTRIES, DEFAULT_SCALE
+from tandem.codec_defaults import DEFAULT_CODED_ENTRIES, DEFAULT_MAX_ENTRIES, DEFAULT_SCALE
 from tandem.config import Settings, resolve_path
 
 DEFAULT_API_KEY_HEADER = "x-api-key"
@@ -194,6 +194,15 @@ class ClientConfig(Settings):
     max_q_entries: int = Field(DEFAULT_MAX_ENTRIES, ge=1, le=1024,
                                description="most ids in one sparse draft distribution q "
                                            "(sampling); capped by the server's limit")
+    q_codec: Literal["entropy", "plain"] = Field(
+        "entropy", description="how q travels when sampling: entropy = one range-coded byte "
+                               "string per block on a coarse level grid (tandem/qcodec.py), when "
+                               "the verifier accepts it; plain = ids and weights per position "
+                               "(SparseDistribution, what older verifiers take)")
+    coded_q_entries: int = Field(DEFAULT_CODED_ENTRIES, ge=1, le=DEFAULT_CODED_ENTRIES,
+                                 description="most ids in one coded q (q_codec entropy; its "
+                                             "cut relative to the top keeps about 10); capped "
+                                             "by the server's limit")
     q_scale: int = Field(DEFAULT_SCALE, ge=1, le=2**31 - 1,
                          description="integer weight of q's most likely id; the others are "
                                      "rounded relative to it")

@@ -16,6 +16,7 @@ import torch
 
 from edge.runtime.base import DraftRuntime
 from tandem.codec import SparseDist, quantize
+from tandem.qcodec import QCodec
 from tandem.sampling import SamplingParams, warp
 
 
@@ -61,11 +62,16 @@ def draft_seed(seed: int) -> int:
 
 class TokenChooser:
     """Picks a draft token from the draft's logits: greedy argmax, or a sample from exactly the
-    quantized distribution q that is sent to the verifier (so acceptance uses the true q)."""
+    quantized distribution q that is sent to the verifier (so acceptance uses the true q).
+
+    `codec`: the coded-q format the session negotiated (tandem/qcodec.py); its quantizer makes
+    the q then, so the q the token is drawn from is exactly what the verifier decodes. None:
+    the plain quantizer (tandem.codec.quantize with q_scale)."""
 
     def __init__(self, params: SamplingParams, q_scale: int) -> None:
         self.params = params
         self.q_scale = q_scale
+        self.codec: QCodec | None = None
         self.generator = torch.Generator().manual_seed(draft_seed(params.seed))
 
     def choose(self, logits: torch.Tensor, max_entries: int) -> tuple[int, SparseDist | None]:
@@ -73,7 +79,9 @@ class TokenChooser:
         assert logits.dim() == 1, f"expected [vocab] logits, got {tuple(logits.shape)}"
         if self.params.greedy:
             return int(logits.argmax()), None
-        q = quantize(warp(logits, self.params), max_entries=max_entries, scale=self.q_scale)
+        probs = warp(logits, self.params)
+        q = (self.codec.quantize(probs, max_entries) if self.codec is not None
+             else quantize(probs, max_entries=max_entries, scale=self.q_scale))
         return q.sample(self.generator), q
 
 

@@ -62,7 +62,7 @@ class Generation:
             state=state, cursors=cursors, default_cursor=cursor,
             chooser=TokenChooser(request.sampling, config.q_scale), link=link,
             caps=Caps(link, min(c.runtime.n_ctx for c in cursors.values()),
-                      config.max_q_entries),
+                      config.max_q_entries, config.coded_q_entries),
             offline=offline, reconnect=Reconnect(link, offline, config, stopped=state.stopped,
                                                  stop_event=stop_event, jitter_rng=jitter_rng),
             config=config)
@@ -94,6 +94,7 @@ class Generation:
             r = state.result
             r.bytes_up, r.bytes_down = link.bytes_up, link.bytes_down
             r.draft_bytes_up, r.drafted_tokens = link.draft_bytes_up, link.drafted_tokens
+            r.q_encode_s = link.q_encode_s
             r.wall_s = time.monotonic() - state.t0
             r.reopens = max(link.opens - 1, 0)
         return state.result

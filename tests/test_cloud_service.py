@@ -337,6 +337,57 @@ def test_bad_input_gets_a_clear_status_and_others_keep_being_served(stub, server
     assert server[0].engine.table.active == 0  # every refused stream let go of its session
 
 
+def test_coded_q_is_negotiated_and_bad_coded_bytes_are_refused(stub, server, runtime,
+                                                              draft_model, prompts):
+    """Opened.q_codec names the coded format only when the Open offered this verifier's own
+    (older edges offer none); a coded block is verified; coded bytes that are cut, not whole
+    words, oversized, beside plain q, or on a session without the format get INVALID_ARGUMENT."""
+    fp, codec = runtime.fingerprint, server[0].engine.q_codec
+    params = SamplingParams(temperature=0.8, seed=3)
+    assert codec is not None
+    for offered, expected in (([], ""), (["ans1:0:other"], ""), (["x", codec.name], codec.name)):
+        stream = Stream(stub)
+        assert stream.open(prompts[5], fp, params, q_codecs=offered).opened.q_codec == expected
+        stream.close()
+
+    context, generator = list(prompts[5]), torch.Generator().manual_seed(0)
+    q, tokens = [], []
+    with torch.inference_mode():
+        for _ in range(3):
+            logits = draft_model(torch.tensor([context + tokens])).logits[0, -1]
+            q.append(codec.quantize(warp(logits, params)))
+            tokens.append(q[-1].sample(generator))
+    data = codec.encode(tokens, q)
+    stream = Stream(stub)
+    stream.open(context, fp, params, q_codecs=[codec.name])
+    verdict = stream.send(draft=pb.Draft(round=1, start=len(context), tokens=tokens,
+                                         q_coded=data)).verdict
+    assert verdict.context_length == len(context) + verdict.accepted + 1
+    stream.close()
+
+    plain = pb.SparseDistribution(ids=[tokens[0]], weights=[1])
+    for name, draft, pattern, negotiated in [
+        ("cut", pb.Draft(tokens=tokens, q_coded=data[:-4]), "q_coded|one q per draft", True),
+        ("not whole words", pb.Draft(tokens=tokens, q_coded=data + b"\x07"), "32-bit words", True),
+        ("padded", pb.Draft(tokens=tokens, q_coded=data + bytes(4)), "q_coded", True),
+        ("oversized", pb.Draft(tokens=tokens, q_coded=bytes(4000)), "more than any", True),
+        ("q and q_coded", pb.Draft(tokens=tokens[:1], q=[plain], q_coded=data), "not both", True),
+        ("not negotiated", pb.Draft(tokens=tokens, q_coded=data), "negotiated no", False),
+    ]:
+        stream = Stream(stub)
+        stream.open(context, fp, params, q_codecs=[codec.name] if negotiated else [])
+        draft.start = len(context)
+        code, details = _status(stream.refused(draft=draft))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and re.search(pattern, details), \
+            f"{name}: {code} {details}"
+    with serving(runtime, limits={"coded_q": False}) as (_, port):
+        channels: list = []
+        stream = Stream(_stub(port, channels))
+        assert stream.open(context, fp, params, q_codecs=[codec.name]).opened.q_codec == ""
+        stream.close()
+        channels[0].close()
+
+
 def test_fingerprint_mismatch_is_refused_at_open_before_any_compute(stub, server, runtime, prompts):
     passes = runtime.forward_passes
     error = Stream(stub).refused(open=pb.Open(tokenizer_fingerprint="sha256:0000",

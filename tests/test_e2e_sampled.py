@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from verifier_harness import channel_to, client_for, open_draft
+from verifier_harness import channel_to, client_for, open_draft, start_verifier
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime, verifier)
 
@@ -55,3 +55,23 @@ def test_top_k_one_sampling_is_exactly_greedy(client, prompt_ids, reference):
     for ids in prompt_ids[142:144]:
         result = client.generate(GenerationRequest(ids, NEW_TOKENS, sampling=params))
         assert result.token_ids == reference.greedy(ids, 64)[:NEW_TOKENS]
+
+
+def test_q_travels_coded_and_an_older_verifier_gets_plain_q(client, prompt_ids, target_runtime):
+    """The same seeded request: coded q against a verifier that takes it, plain q (what it took
+    before) against one that does not (limits.coded_q off: its Opened names no format), and
+    both verified; the coded uplink is well under half the plain one."""
+    request = GenerationRequest(prompt_ids[141], NEW_TOKENS,
+                                sampling=SamplingParams(temperature=0.8, seed=5))
+    coded = client.generate(request)
+    older, port = start_verifier(target_runtime, coded_q=False)
+    try:
+        plain = client_for(channel_to(port), client.draft, draft_length=4,
+                           max_q_entries=16).generate(request)
+    finally:
+        older.stop(0).wait()
+    assert all(coded.verified) and all(plain.verified)
+    assert len(coded.token_ids) == len(plain.token_ids) == NEW_TOKENS
+    print(f"uplink per drafted token: coded {coded.uplink_bytes_per_drafted_token:.1f} B, "
+          f"plain {plain.uplink_bytes_per_drafted_token:.1f} B")
+    assert coded.uplink_bytes_per_drafted_token < plain.uplink_bytes_per_drafted_token / 2

@@ -20,6 +20,7 @@ import queue
 import threading
 
 import grpc
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -33,6 +34,8 @@ from cloud.errors import CloudError
 from cloud.identity import identify
 from cloud.runtime.target import TargetRuntime
 from cloud.service import _Stream, create_server
+from tandem.codec import SparseDist
+from tandem.qcodec import codec_for
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
@@ -132,11 +135,18 @@ class Bystander:
 def _valid_messages(runtime: TargetRuntime) -> list[bytes]:
     sampling = pb.SamplingParams(temperature=0.8, top_k=20, seed=3)
     q = pb.SparseDistribution(ids=[1, 2, 3], weights=[5, 2, 1])
+    codec = codec_for(runtime.fingerprint, runtime.vocab_size)
+    coded = codec.encode([1, 2], [SparseDist(np.array([1, 3, 2]), np.array([1023, 525, 99])),
+                                  SparseDist(np.array([2]), np.array([1023]))])
     return [m.SerializeToString() for m in (
         _open(runtime, [1, 2, 3, 4]),
         pb.ClientMessage(open=pb.Open(tokenizer_fingerprint=runtime.fingerprint,
                                       context_ids=[9, 8], sampling=sampling)),
+        pb.ClientMessage(open=pb.Open(tokenizer_fingerprint=runtime.fingerprint,
+                                      context_ids=[1, 2, 3, 4], sampling=sampling,
+                                      q_codecs=[codec.name])),
         pb.ClientMessage(draft=pb.Draft(round=1, start=4, tokens=[1, 2], q=[q, q])),
+        pb.ClientMessage(draft=pb.Draft(round=1, start=4, tokens=[1, 2], q_coded=coded)),
         pb.ClientMessage(close=pb.Close(reason="x")))]
 
 
@@ -189,10 +199,12 @@ def test_fuzzed_bytes_get_clear_statuses_and_leave_other_sessions_alone(runtime,
 
 
 # --- property: the message handling itself -----------------------------------------------------
-def _messages(vocab: int, fingerprint: str, opening: bool = False):
+def _messages(vocab: int, fingerprint: str, opening: bool = False, q_codec: str = ""):
     """Mostly well-formed messages (so sessions open and rounds run), each field sometimes
-    hostile: out-of-range ids, NaN/inf/negative numbers, 2^32 - 1, oversized lists."""
+    hostile: out-of-range ids, NaN/inf/negative numbers, 2^32 - 1, oversized lists, coded q
+    bytes (Draft.q_coded) on sessions that did and did not negotiate the format."""
     big = st.integers(0, 2**32 - 1)
+    codecs = st.lists(st.sampled_from([q_codec, q_codec, "ans1:0:0", "x" * 300]), max_size=2)
     good_token = st.integers(0, vocab - 1)
     ids = st.one_of(st.lists(good_token, max_size=80), st.lists(good_token, max_size=80),
                     st.lists(st.one_of(good_token, st.sampled_from([vocab, 2**32 - 1])),
@@ -207,13 +219,13 @@ def _messages(vocab: int, fingerprint: str, opening: bool = False):
                              model=st.sampled_from(["", "", "x"]),
                              tokenizer_fingerprint=st.sampled_from([fingerprint] * 4 + ["s:0"]),
                              context_ids=ids, sampling=sampling,
-                             mode=st.sampled_from([0, 1, 1, 2, 3]))
+                             mode=st.sampled_from([0, 1, 1, 2, 3]), q_codecs=codecs)
     valid_sampling = st.builds(pb.SamplingParams, temperature=st.sampled_from([0.0, 0.0, 0.8]),
                                top_k=st.integers(0, 64), top_p=st.floats(0.0, 1.0),
                                seed=st.integers(0, 2**64 - 1))
     valid_open = st.builds(pb.Open, session_id=st.text(max_size=8), tokenizer_fingerprint=st.just(
         fingerprint), context_ids=st.lists(good_token, min_size=1, max_size=40),
-        sampling=valid_sampling, mode=st.just(1))
+        sampling=valid_sampling, mode=st.just(1), q_codecs=codecs)
     open_ = st.one_of(valid_open, valid_open, hostile_open)
     dist = st.builds(pb.SparseDistribution, ids=st.lists(good_token, max_size=20),
                      weights=st.lists(st.one_of(st.integers(1, 1000), big), max_size=20))
@@ -222,7 +234,8 @@ def _messages(vocab: int, fingerprint: str, opening: bool = False):
     draft = st.builds(pb.Draft, round=st.one_of(st.just(0), st.just(0), big),
                       start=st.one_of(st.just(0), st.just(0), st.integers(1, 70), big),
                       tokens=st.lists(good_token, max_size=10),
-                      q=st.one_of(st.just([]), st.just([]), st.lists(dist, max_size=10)))
+                      q=st.one_of(st.just([]), st.just([]), st.lists(dist, max_size=10)),
+                      q_coded=st.one_of(st.just(b""), st.just(b""), st.binary(max_size=48)))
     close = st.builds(pb.Close, reason=st.text(max_size=8))
     if opening:
         # Sequences that start with a well-formed Open and go on with well-formed greedy blocks
@@ -250,8 +263,8 @@ def test_any_message_is_answered_or_refused_with_a_cloud_error(runtime):
     admission = Admission(max_streams=4)
     outcomes: dict[str, int] = {}
     try:
-        hostile = st.lists(_messages(runtime.vocab_size, runtime.fingerprint), min_size=1,
-                           max_size=4)
+        hostile = st.lists(_messages(runtime.vocab_size, runtime.fingerprint,
+                                     q_codec=engine.q_codec.name), min_size=1, max_size=4)
         well_formed = _messages(runtime.vocab_size, runtime.fingerprint, opening=True)
 
         @settings(max_examples=150, deadline=None, derandomize=True,

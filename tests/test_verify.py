@@ -14,6 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from cloud.errors import InvalidRequest, ZeroDraftProbability
 from cloud.verify import Verdict, verify_greedy, verify_sampled, verify_sampled_with_uniforms
 from tandem.codec import SparseDist, from_proto, quantize, to_proto
+from tandem.fingerprint import tokenizer_fingerprint
+from tandem.qcodec import codec_for
 from tandem.sampling import SamplingParams, warp
 from tandem.v1 import decoding_pb2 as pb
 
@@ -184,28 +186,35 @@ def _spread_context(target, tokenizer, prompts: list[str], params: SamplingParam
     raise AssertionError("no held-out prompt gives a spread-out target distribution")
 
 
-@pytest.mark.parametrize("params, prompt_index, drafter", [
-    (SamplingParams(temperature=1.0, seed=1), 0, "draft"),
-    (SamplingParams(temperature=0.7, top_k=40, seed=2), 1, "draft"),
-    (SamplingParams(temperature=1.2, top_p=0.9, seed=3), 2, "draft"),
+@pytest.mark.parametrize("params, prompt_index, drafter, coded", [
+    (SamplingParams(temperature=1.0, seed=1), 0, "draft", False),
+    (SamplingParams(temperature=0.7, top_k=40, seed=2), 1, "draft", False),
+    (SamplingParams(temperature=1.2, top_p=0.9, seed=3), 2, "draft", False),
     # A drafter that overlaps p heavily (the target itself, hotter), so that many draft tokens
     # are accepted and many rejected: sensitive to any slip in the accept/resample arithmetic
     # even while the dev models' draft and target barely overlap.
-    (SamplingParams(temperature=1.0, top_k=30, seed=4), 3, "target-hot"),
-], ids=["t1", "t0.7-topk40", "t1.2-topp0.9", "topk30-selfdraft"])
+    (SamplingParams(temperature=1.0, top_k=30, seed=4), 3, "target-hot", False),
+    # The entropy-coded q (tandem/qcodec.py): its grid's q, through encode and decode.
+    (SamplingParams(temperature=0.8, seed=5), 0, "draft", True),
+    (SamplingParams(temperature=1.0, top_k=30, seed=6), 3, "target-hot", True),
+], ids=["t1", "t0.7-topk40", "t1.2-topp0.9", "topk30-selfdraft", "coded-t0.8",
+        "coded-topk30-selfdraft"])
 def test_sampled_output_follows_the_target_distribution(family, heldout_prompts, params,
-                                                        prompt_index, drafter):
+                                                        prompt_index, drafter, coded):
     """Draft x0 ~ q (a real drafter's warped, quantized distribution), verify against the real
     target's warped p: the first emitted token must be distributed as p0, and the token after
-    an accepted x0 (the bonus token of a 1-token block) as p1(. | x0)."""
+    an accepted x0 (the bonus token of a 1-token block) as p1(. | x0). Coded: q is the coded
+    grid's, and the verifier tests the q it decodes from the bytes sent with x0."""
     target, draft, tokenizer = family
     context, target_logits = _spread_context(target, tokenizer, heldout_prompts, params, prompt_index)
     with torch.inference_mode():
         p0 = warp(target_logits, params).double()                                      # [vocab]
+        codec = codec_for(tokenizer_fingerprint(tokenizer), target_logits.shape[0])
+        quantizer = codec.quantize if coded else quantize
         if drafter == "draft":
-            q0 = quantize(warp(draft(torch.tensor([context])).logits[0, -1], params))
+            q0 = quantizer(warp(draft(torch.tensor([context])).logits[0, -1], params))
         else:
-            q0 = quantize(warp(target_logits, SamplingParams(temperature=2.0, top_k=16)))
+            q0 = quantizer(warp(target_logits, SamplingParams(temperature=2.0, top_k=16)))
         support = [int(x) for x in q0.ids]
         # p1(. | x) for every draft token x the draft can propose, in one batched pass.
         extended = torch.tensor([context + [x] for x in support])
@@ -214,6 +223,10 @@ def test_sampled_output_follows_the_target_distribution(family, heldout_prompts,
     p_block = {x: torch.stack([p0, p1[x]]) for x in support}                          # [2, vocab]
     vocab = p0.shape[0]
     q_dense = q0.dense(vocab).unsqueeze(0)                                             # [1, vocab]
+    # What the verifier holds for each draft token: the q decoded from what was sent with it.
+    q_sent = {x: (codec.decode(codec.encode([x], [q0]), [x])[0] if coded else q0).dense(vocab)
+              .unsqueeze(0) for x in support}
+    assert all(torch.equal(q, q_dense) for q in q_sent.values())
 
     draw = torch.Generator().manual_seed(params.seed)
     verify_rng = torch.Generator().manual_seed(params.seed + 100)
@@ -223,7 +236,7 @@ def test_sampled_output_follows_the_target_distribution(family, heldout_prompts,
     block = {x: torch.tensor([x]) for x in support}
     first, bonus_after = [], {}
     for x0 in drafted.tolist():
-        verdict = verify_sampled(block[x0], q_dense, p_block[x0], verify_rng)
+        verdict = verify_sampled(block[x0], q_sent[x0], p_block[x0], verify_rng)
         if verdict.accepted == 1:
             first.append(x0)
             bonus_after.setdefault(x0, []).append(verdict.token)

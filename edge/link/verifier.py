@@ -21,7 +21,8 @@ from edge.caps import verifier_vocab
 from edge.link.errors import IdentityMismatch, check_identity
 from edge.link.stream import (LinkDown, ProtocolError, RecvTimeout, SessionStream,
                               VerifierMisconfigured)
-from tandem.codec import to_proto
+from tandem.codec import InvalidDistribution, to_proto
+from tandem.qcodec import QCodec
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
@@ -134,7 +135,7 @@ class VerifierLink:
     def __init__(self, stub: pb_grpc.DecodingStub, metadata: Sequence[tuple[str, str]], *,
                  session_id: str, target_model: str, fingerprint: str, sampling: SamplingParams,
                  should_stop: Callable[[], bool] = lambda: False, fast: bool = False,
-                 pinned_digest: str = "") -> None:
+                 pinned_digest: str = "", offered_codec: QCodec | None = None) -> None:
         self.stub = stub
         self.metadata = tuple(metadata)
         self.session_id = session_id
@@ -143,6 +144,11 @@ class VerifierLink:
         self.sampling = sampling
         self.should_stop = should_stop
         self.fast = fast             # open in MODE_FAST: blocks may carry unverified tokens
+        # The coded q format this edge offers (Open.q_codecs), and the one the open stream
+        # negotiated (Opened.q_codec; None: plain SparseDistribution messages).
+        self.offered_codec = offered_codec
+        self.q_codec: QCodec | None = None
+        self.q_encode_s = 0.0        # time spent coding q (Draft.q_coded)
         # Target identity (edge/link/errors.check_identity): every open and re-open must meet
         # the pinned digest (if any) and the one the generation's first open saw.
         self.pinned_digest = pinned_digest
@@ -180,7 +186,9 @@ class VerifierLink:
             tokenizer_fingerprint=self.fingerprint, context_ids=list(context),
             sampling=pb.SamplingParams(temperature=params.temperature, top_k=params.top_k,
                                        top_p=params.top_p, seed=params.seed),
-            mode=pb.MODE_FAST if self.fast else pb.MODE_LOSSLESS))
+            mode=pb.MODE_FAST if self.fast else pb.MODE_LOSSLESS,
+            q_codecs=[self.offered_codec.name]  # greedy sends no q: nothing to offer
+            if self.offered_codec is not None and not params.greedy else []))
         t_open = time.monotonic()
         self.bytes_up += stream.send(message)
         try:
@@ -204,6 +212,10 @@ class VerifierLink:
         if target is not None and target.digest:
             self.seen_digest = target.digest
         self.limits = reply.opened.limits if reply.opened.HasField("limits") else None
+        # An older verifier says nothing (plain q); one naming a format not offered is ignored.
+        offered = self.offered_codec
+        self.q_codec = offered if offered is not None and reply.opened.q_codec == offered.name \
+            else None
         self.load = reply.opened.load
         # The Open's round trip and the server's share of it (the offline policy's first RTT).
         self.open_rtt_s = time.monotonic() - t_open
@@ -228,8 +240,7 @@ class VerifierLink:
         if ahead or in_flight > 1:  # unset on plain rounds: an older verifier reads them the same
             draft.ahead, draft.assumed_token, draft.in_flight = ahead, assumed_token, in_flight
         start += len(unverified)
-        for q in block.q:
-            to_proto(q, draft.q.add())
+        self._add_q(draft, block)
         size = self.stream.send(pb.ClientMessage(draft=draft))
         self.bytes_up += size
         self.draft_bytes_up += size
@@ -237,6 +248,22 @@ class VerifierLink:
         t1 = time.monotonic()
         return Sent(round=self.wire_round, start=start, k=len(block), bytes_up=size,
                     t_sent=t1, send_s=t1 - t0)
+
+    def _add_q(self, draft: pb.Draft, block: Block) -> None:
+        """The block's q: coded in one byte string when the session negotiated a format and
+        every q is on its grid (a block drafted before a re-open may not be), else plain."""
+        if self.q_codec is not None and block.q:
+            t0 = time.perf_counter()
+            try:
+                draft.q_coded = self.q_codec.encode(block.tokens, block.q)
+            except InvalidDistribution:
+                pass  # drafted for another format (before a re-open): sent plain below
+            finally:
+                self.q_encode_s += time.perf_counter() - t0
+            if draft.q_coded:
+                return
+        for q in block.q:
+            to_proto(q, draft.q.add())
 
     def await_verdict(self, sent: Sent, late_s: float,
                       allow_discarded: bool = False) -> tuple[pb.Verdict, int]:

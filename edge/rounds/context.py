@@ -34,6 +34,7 @@ class RoundContext:
         generation's context; a pipelined round drafts after a prefix the verdicts may still
         confirm)."""
         cursor = self.cursors.get(plan.drafter or DEFAULT_DRAFTER, self.default_cursor)
+        self.chooser.codec = self.link.q_codec  # the quantizer of the q format negotiated
         return cursor.draft(self.state.context if context is None else context, k, self.chooser,
                             vocab_size=self.caps.vocab(cursor.runtime.vocab_size),
                             max_entries=self.caps.q_entries(plan.q_entries),

@@ -83,6 +83,7 @@ class GenerationResult:
     bytes_up: int = 0
     bytes_down: int = 0
     draft_bytes_up: int = 0
+    q_encode_s: float = 0.0      # spent coding q into Draft.q_coded (tandem/qcodec.py)
     wall_s: float = 0.0
     ttft_s: float = 0.0          # until the first token was committed
     finish_reason: str = ""      # "length" | "stop" | "cancelled"

@@ -20,6 +20,9 @@ for m in tandem-draft tandem-small; do
     $PY -m models.export.gguf --hf models/$m
     $PY -m models.export.onnx --hf models/$m
 done
+# The coded q's id prior (tandem/qpriors/); it prints the count / step models for
+# tandem/qcodec.py too (a new prior changes the codec's name: peers negotiate it, never misread).
+$PY -m models.train.q_prior
 $PY -m models.train.evaluate
 $PY -m models.train.evaluate --draft models/tandem-small --json models/evaluation-small.json
 $PY -m bench.runtimes --json models/runtimes.json
