@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=4, help="draft tokens per block")
     parser.add_argument("--backends", default="torch,vllm")
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = default")
+    parser.add_argument("--max-batch", type=int, default=BatchSettings().max_batch,
+                        help="torch backend: most sessions in one pass (batch.max_batch)")
+    parser.add_argument("--speculative-only", action="store_true", help=(
+        "skip the target-only rows and the re-open measurement (e.g. to profile the rounds)"))
     parser.add_argument("--json", type=Path, default=REPO_ROOT / "out/bench-verifier.json")
     args = parser.parse_args(argv)
     if args.threads:
@@ -89,17 +93,27 @@ def main(argv: list[str] | None = None) -> int:
     fresh = contexts[max(levels):]
     rows: list[Row] = []
     reopen: dict[str, dict[str, float]] = {}
+    one_pass: dict[str, float] = {}
     for name in backends:
-        engine = _engine(name, max(levels))
+        engine = _engine(name, max(levels), args.max_batch)
         try:
+            if name == "torch":
+                one_pass = _one_pass_ms(engine, contexts[0], args.k)
+                print(f"torch: one target pass of k + 1 = {args.k + 1} tokens after "
+                      f"{len(contexts[0]) - 1}, alone: {one_pass['pass_ms']:.1f} ms (median of "
+                      f"{one_pass['passes']})", flush=True)
             for n in levels:
                 rows.append(_speculative(engine, name, contexts[:n], continuations[:n],
                                          args.rounds, args.k))
                 print(_format(rows[-1]), flush=True)
+                if args.speculative_only:
+                    continue
                 produced = rows[-1].tokens // n
                 rows.append(_target_only(engine, name, contexts[:n], continuations[:n],
                                          produced))
                 print(_format(rows[-1]), flush=True)
+            if args.speculative_only:
+                continue
             reopen[name] = _reopen_cost(engine, fresh)
             print(f"{name}: open {reopen[name]['open_ms']:.1f} ms, re-open of the same context "
                   f"{reopen[name]['reopen_ms']:.1f} ms", flush=True)
@@ -107,11 +121,14 @@ def main(argv: list[str] | None = None) -> int:
             engine.shutdown()
     report = {"rows": [asdict(r) for r in rows], "reopen": reopen,
               "crossover": _crossover(rows), "memory_note": memory_note(),
-              "k": args.k, "rounds": args.rounds}
+              "k": args.k, "rounds": args.rounds, "max_batch": args.max_batch,
+              "one_pass": one_pass, "goals": _goals(rows, one_pass)}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
     print(_table(rows))
     print(f"crossover: {report['crossover']}")
+    for line in report["goals"]:
+        print(line)
     print(f"written: {args.json}")
     return 0
 
@@ -134,9 +151,9 @@ def _workload(n: int, length: int) -> tuple[list[list[int]], list[list[int]]]:
     return contexts, continuations
 
 
-def _engine(name: str, sessions: int) -> Engine:
+def _engine(name: str, sessions: int, max_batch: int) -> Engine:
     limits = LimitSettings(max_sessions=max(sessions, 8), kv_budget_bytes=2**31)
-    batch = BatchSettings()
+    batch = BatchSettings(max_batch=max_batch)
     model = ModelSettings(path=TARGET, device="cpu", backend="torch" if name == "torch"
                           else "vllm")
     if name == "torch":
@@ -146,6 +163,43 @@ def _engine(name: str, sessions: int) -> Engine:
         from cloud.runtime.vllm_backend import VllmBackend
         target = VllmBackend(model, VllmSettings())
     return Engine(target, limits, batch)
+
+
+def _one_pass_ms(engine: Engine, context: list[int], k: int, passes: int = 21) -> dict:
+    """The bare target pass a 1-session round pays for: k + 1 tokens after the context, the
+    runtime called directly (no batcher, no test), median of `passes`."""
+    runtime = engine.runtime.runtime  # the TorchBackend's TargetRuntime
+    state = runtime.new_state()
+    runtime.score(state, context[:-1])
+    times = []
+    for _ in range(passes):
+        began = time.perf_counter()
+        runtime.score(state, context[-1:] + [1] * k)
+        times.append((time.perf_counter() - began) * 1000.0)
+        runtime.rollback(state, len(context) - 1)
+    state.release()
+    return {"pass_ms": round(statistics.median(times), 2), "passes": passes}
+
+
+def _goals(rows: list[Row], one_pass: dict) -> list[str]:
+    """Issue 18's done-when lines, from this run's rows."""
+    by = {(r.backend, r.sessions): r for r in rows}
+    lines = []
+    top = max((r.sessions for r in rows), default=0)
+    alone = by.get(("vllm-ar", top))
+    best = max((by[b, top] for b in ("torch", "vllm") if (b, top) in by),
+               key=lambda r: r.goodput_tok_s, default=None)
+    if best and alone:
+        lines.append(f"{top} sessions: best backend {best.backend} {best.goodput_tok_s:.0f} "
+                     f"verified tok/s = {best.goodput_tok_s / alone.goodput_tok_s:.2f}x vLLM "
+                     f"alone's {alone.goodput_tok_s:.0f} generated tok/s (goal >= 2); round "
+                     f"p50 {best.round_ms_p50:.0f} ms (goal <= 150)")
+    if ("torch", 1) in by and one_pass:
+        row = by["torch", 1]
+        lines.append(f"1 session: torch round p50 {row.round_ms_p50:.1f} ms = "
+                     f"{row.round_ms_p50 / one_pass['pass_ms']:.2f}x one target pass "
+                     f"({one_pass['pass_ms']:.1f} ms; goal <= 1.3)")
+    return lines
 
 
 def _fingerprint(engine: Engine) -> str:
@@ -268,19 +322,14 @@ def _kv_per_session(engine: Engine, name: str, lengths: list[int]) -> float:
     if name == "vllm":
         block = engine.runtime.settings.block_size
         return statistics.mean(math.ceil(n / block) * block for n in lengths) * per_token
-    # torch: its own cache, plus its row of the padded batch cache (longest session in the pass)
-    max_batch = BatchSettings().max_batch
-    padded = []
-    for first in range(0, len(lengths), max_batch):
-        group = lengths[first: first + max_batch]
-        padded += [n + max(group) for n in group]
-    return statistics.mean(padded) * per_token
+    # torch: its slot of the pool, every slot as long as the longest session has needed
+    return engine.runtime.runtime.pool.capacity * per_token
 
 
 def memory_note() -> str:
-    return ("kv_bytes_per_session: torch = the session's own KV cache plus its row of the "
-            "padded batch cache, which is as long as the longest session in the pass (sessions "
-            "grouped by max_batch in order); vllm = the paged cache blocks its longest request "
+    return ("kv_bytes_per_session: torch = the session's slot of the preallocated KV pool "
+            "(every slot holds as many positions as the longest session has needed, rounded up "
+            "to a power of two); vllm = the paged cache blocks its longest request "
             "holds (whole blocks of vllm.block_size), independent of other sessions. Computed "
             "from the sessions' lengths and the measured bytes per token, not sampled from RSS.")
 

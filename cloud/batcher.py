@@ -9,6 +9,10 @@ A job may carry its round's acceptance test (cloud.verify.RoundCheck): with a `v
 function the worker runs the test of every round in the pass in one batched step right after
 it (cloud.verify_batch.verify_rounds) and hands each session its verdict, so a session's
 thread does no tensor work between submit and reply.
+
+A job submitted while no other session is open and nothing is queued runs on the submitting
+thread itself (the pass lock keeps passes one at a time): a lone session does not pay two
+thread hand-offs per round.
 """
 from __future__ import annotations
 
@@ -73,6 +77,7 @@ class Batcher:
         self._active_sessions = active_sessions or (lambda: max_batch)
         self._queue: queue.Queue = queue.Queue()
         self._closed = threading.Event()
+        self._pass_lock = threading.Lock()  # one pass at a time (the runtime is single-threaded)
         self.batches_run = 0
         self.largest_batch = 0
         self.size_counts: collections.Counter[int] = collections.Counter()  # jobs per pass
@@ -90,6 +95,13 @@ class Batcher:
         if self._closed.is_set():
             raise Unavailable("the verifier is shutting down")
         job = _Job(state, tokens, alone, check)
+        if self._active_sessions() <= 1 and self._queue.empty() \
+                and self._pass_lock.acquire(blocking=False):
+            try:  # no one to batch with and the worker is idle: run it here
+                self._execute_locked([job])
+            finally:
+                self._pass_lock.release()
+            return job.future
         self._queue.put(job)
         return job.future
 
@@ -149,6 +161,10 @@ class Batcher:
                 self._execute([job])
 
     def _execute(self, batch: list[_Job]) -> None:
+        with self._pass_lock:
+            self._execute_locked(batch)
+
+    def _execute_locked(self, batch: list[_Job]) -> None:
         started = time.perf_counter()
         try:
             outputs = self._forward([(job.state, job.tokens) for job in batch])
