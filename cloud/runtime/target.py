@@ -94,8 +94,8 @@ class TargetRuntime:
         return KVState(self.pool)
 
     def score(self, state: KVState, tokens: Sequence[int]) -> torch.Tensor:
-        """One session alone: append tokens, return float32 logits [len(tokens), vocab]."""
-        return self.forward([(state, tokens)])[0]
+        """One session alone: append tokens, return float32 CPU logits [len(tokens), vocab]."""
+        return self.forward([(state, tokens)])[0].cpu()
 
     @torch.inference_mode()
     def forward(self, batch: Sequence[tuple[KVState, Sequence[int]]]) -> PassLogits:
