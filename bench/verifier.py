@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in backends:
         engine = _engine(name, max(levels), args.max_batch)
         try:
+            if name == "vllm":
+                print(f"vllm: scoring {engine.runtime.info().details['scoring']}", flush=True)
             if name == "torch":
                 one_pass = _one_pass_ms(engine, contexts[0], args.k)
                 print(f"torch: one target pass of k + 1 = {args.k + 1} tokens after "
