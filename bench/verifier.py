@@ -157,11 +157,11 @@ def _workload(n: int, length: int) -> tuple[list[list[int]], list[list[int]]]:
 def _engine(name: str, sessions: int, max_batch: int) -> Engine:
     limits = LimitSettings(max_sessions=max(sessions, 8), kv_budget_bytes=2**31)
     batch = BatchSettings(max_batch=max_batch)
-    model = ModelSettings(path=TARGET, device="cpu", backend="torch" if name == "torch"
+    model = ModelSettings(path=TARGET, device="auto", backend="torch" if name == "torch"
                           else "vllm")
     if name == "torch":
         from cloud.runtime.target import TargetRuntime
-        target = TargetRuntime(TARGET, device="cpu")
+        target = TargetRuntime(TARGET, device="auto")
     else:
         from cloud.runtime.vllm_backend import VllmBackend
         target = VllmBackend(model, VllmSettings())
