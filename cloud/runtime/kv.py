@@ -29,7 +29,9 @@ class KVPool:
         self.keys: list[torch.Tensor] = []            # [layer] -> [slots, kv_heads, capacity, D]
         self.values: list[torch.Tensor] = []
         self._free = list(range(slots))               # a heap: lowest free slot first
-        self._lock = threading.Lock()
+        # Reentrant: a collected KVState's finalizer frees its slot, and the garbage collector
+        # may run that on this thread while it holds the lock (an allocation in _resize).
+        self._lock = threading.RLock()
         self.grown = 0                                # reallocations so far (each one a copy)
 
     @property
