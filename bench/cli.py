@@ -86,7 +86,22 @@ def _load(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
     if args.json is not None:
         write_report(args.json, report)
-    return 1 if report.errors else 0
+    errors = report.errors
+    if args.compare_cloud_only:
+        from bench.load import server_table
+        alone, _ = run_load(streams=args.streams, duration_s=args.duration,
+                            max_tokens=args.max_tokens, temperature=args.temperature,
+                            prompts_file=resolve_path(args.prompts_file),
+                            prompt_offset=args.offset, log_dir=args.log_dir / "cloud-only",
+                            cloud_args=args.cloud_arg,
+                            edge_args=[*args.edge_arg, "--set", "client.draft_length=0"])
+        print("cloud-only (k = 0 rounds: the target decoding alone, same streams):")
+        print(alone.table())
+        print(server_table(report, alone))
+        if args.json is not None:
+            write_report(args.json.with_name(args.json.stem + "-cloud-only.json"), alone)
+        errors += alone.errors
+    return 1 if errors else 0
 
 
 def _ladder(args: argparse.Namespace) -> int:
@@ -147,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     many.add_argument("--edge-arg", action="append", default=[],
                       help="extra argument for the started tandem-edge serve (repeatable)")
     many.add_argument("--log-dir", type=Path, default=Path("out/load"))
+    many.add_argument("--compare-cloud-only", action="store_true", help=(
+        "then run the same streams against a fresh verifier with k = 0 rounds (the target "
+        "alone) and compare the server's side: passes per token, goodput per core"))
     many.add_argument("--json", type=Path, default=None)
     many.set_defaults(run=_load)
 

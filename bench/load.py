@@ -11,7 +11,10 @@ bounded time, each a separate process so that memory is measured per process.
 Reported: tokens/s in total (all tokens / wall) and per stream (its tokens / wall), p50 and p99
 of TTFT and of time per output token (TPOT, tandem.metrics.tpot, per request), the verifier's
 batch sizes over the run (from Info.batches, before and after), and the peak RSS (VmHWM) of the
-verifier, the daemon and this process. `--cloud` / `--url` drive an already running verifier and
+verifier, the daemon and this process. The server's side: target passes per token (batched
+passes / tokens) and verified tokens per CPU-second of the verifier process (goodput per core,
+from /proc/PID/stat); `--compare-cloud-only` runs the same streams again against a fresh
+verifier with k = 0 rounds (the target decoding alone, one pass per token) and prints both. `--cloud` / `--url` drive an already running verifier and
 daemon instead (their memory is then reported only if their PIDs are given).
 """
 from __future__ import annotations
@@ -70,6 +73,10 @@ class LoadReport:
     batch_size_counts: list[int]
     peak_rss_mb: dict[str, float]
     first_errors: list[str] = field(default_factory=list)
+    verified_tokens: int = 0
+    target_passes_per_token: float | None = None   # batched passes / tokens
+    verifier_cpu_s: float | None = None            # CPU seconds the verifier used in the run
+    verified_tokens_per_core_s: float | None = None  # verified tokens / verifier_cpu_s
 
     def table(self) -> str:
         per = self.per_stream_tokens_per_s
@@ -84,12 +91,34 @@ class LoadReport:
             f"verifier batches: {self.batch_passes} passes, mean {self.batch_mean:.2f} jobs, "
             f"largest {self.batch_largest}",
             "peak RSS MB: " + ", ".join(f"{name} {mb:.0f}" for name, mb in self.peak_rss_mb.items()),
+            f"server: {_fmt(self.target_passes_per_token, 3)} target passes per token, "
+            f"{_fmt(self.verified_tokens_per_core_s)} verified tokens per verifier CPU-second "
+            f"({_fmt(self.verifier_cpu_s)} CPU-s)",
         ]
         return "\n".join(lines)
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a live process has used; None when it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_table(tandem: LoadReport, cloud_only: LoadReport) -> str:
+    """The server's side of the same streams, served by Tandem and by the target alone."""
+    rows = [("tandem", tandem), ("cloud-only (k = 0)", cloud_only)]
+    lines = ["| serving | tokens/s | target passes / token | verified tok / verifier CPU-s |",
+             "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {r.total_tokens_per_s:.1f} | {_fmt(r.target_passes_per_token, 3)} | "
+              f"{_fmt(r.verified_tokens_per_core_s)} |" for name, r in rows]
+    return "\n".join(lines)
 
 
 def _median(values: Sequence[float]) -> float:
@@ -233,7 +262,8 @@ async def drive(url: str, model: str, prompts: Sequence[str], *, duration_s: flo
 
 
 def summarize(streams: list[StreamStats], wall_s: float, duration_s: float,
-              batches_before, batches_after, rss: dict[str, float]) -> LoadReport:
+              batches_before, batches_after, rss: dict[str, float],
+              verifier_cpu_s: float | None = None) -> LoadReport:
     records = [r for s in streams for r in s.records]
     ok = [r for r in records if r.ok]
     ttfts = [r.ttft_s * 1000.0 for r in ok if r.ttft_s is not None]
@@ -260,7 +290,12 @@ def summarize(streams: list[StreamStats], wall_s: float, duration_s: float,
         batch_mean=sum((i + 1) * n for i, n in enumerate(counts)) / passes if passes else 0.0,
         batch_largest=max((i + 1 for i, n in enumerate(counts) if n), default=0),
         batch_size_counts=counts, peak_rss_mb=rss,
-        first_errors=[r.error or "" for r in records if not r.ok][:5])
+        first_errors=[r.error or "" for r in records if not r.ok][:5],
+        verified_tokens=verified,
+        target_passes_per_token=passes / tokens if tokens and batches_after is not None
+        else None,
+        verifier_cpu_s=verifier_cpu_s,
+        verified_tokens_per_core_s=verified / verifier_cpu_s if verifier_cpu_s else None)
 
 
 def run_load(*, streams: int, duration_s: float, max_tokens: int, temperature: float,
@@ -277,12 +312,16 @@ def run_load(*, streams: int, duration_s: float, max_tokens: int, temperature: f
         pids = dict(pids or {})
         before = _batches(cloud)
         model = advertised_model(url)
+        cpu_before = cpu_seconds(pids["verifier"]) if "verifier" in pids else None
         results, wall_s = asyncio.run(drive(url, model, prompts, duration_s=duration_s,
                                             max_tokens=max_tokens, temperature=temperature))
         after = _batches(cloud)
+        cpu_after = cpu_seconds(pids["verifier"]) if "verifier" in pids else None
+        verifier_cpu_s = cpu_after - cpu_before if cpu_before is not None and \
+            cpu_after is not None else None
         rss = {name: mb for name, pid in pids.items() if (mb := peak_rss_mb(pid)) is not None}
         rss["load generator"] = peak_rss_mb(os.getpid()) or 0.0
-    return summarize(results, wall_s, duration_s, before, after, rss), results
+    return summarize(results, wall_s, duration_s, before, after, rss, verifier_cpu_s), results
 
 
 def _batches(cloud: str | None):

@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=4, help="draft tokens per block")
     parser.add_argument("--backends", default="torch,vllm")
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = default")
+    parser.add_argument("--max-batch", type=int, default=BatchSettings().max_batch,
+                        help="torch backend: most sessions in one pass (batch.max_batch)")
+    parser.add_argument("--speculative-only", action="store_true", help=(
+        "skip the target-only rows and the re-open measurement (e.g. to profile the rounds)"))
     parser.add_argument("--json", type=Path, default=REPO_ROOT / "out/bench-verifier.json")
     args = parser.parse_args(argv)
     if args.threads:
@@ -89,17 +93,30 @@ def main(argv: list[str] | None = None) -> int:
     fresh = contexts[max(levels):]
     rows: list[Row] = []
     reopen: dict[str, dict[str, float]] = {}
+    one_pass: dict[str, float] = {}
     for name in backends:
-        engine = _engine(name, max(levels))
+        engine = _engine(name, max(levels), args.max_batch)
         try:
+            if name == "vllm":
+                print(f"vllm: scoring {engine.runtime.info().details['scoring']}", flush=True)
+            if name == "torch":
+                one_pass = _one_pass_ms(engine, contexts[0], continuations[0], args.k)
+                print(f"torch, 1 session, rounds paired with bare passes: round p50 "
+                      f"{one_pass['round_ms']:.1f} ms, one target pass of the same k + 1 tokens "
+                      f"{one_pass['pass_ms']:.1f} ms: {one_pass['ratio']:.2f}x (medians of "
+                      f"{one_pass['passes']})", flush=True)
             for n in levels:
                 rows.append(_speculative(engine, name, contexts[:n], continuations[:n],
                                          args.rounds, args.k))
                 print(_format(rows[-1]), flush=True)
+                if args.speculative_only:
+                    continue
                 produced = rows[-1].tokens // n
                 rows.append(_target_only(engine, name, contexts[:n], continuations[:n],
                                          produced))
                 print(_format(rows[-1]), flush=True)
+            if args.speculative_only:
+                continue
             reopen[name] = _reopen_cost(engine, fresh)
             print(f"{name}: open {reopen[name]['open_ms']:.1f} ms, re-open of the same context "
                   f"{reopen[name]['reopen_ms']:.1f} ms", flush=True)
@@ -107,11 +124,14 @@ def main(argv: list[str] | None = None) -> int:
             engine.shutdown()
     report = {"rows": [asdict(r) for r in rows], "reopen": reopen,
               "crossover": _crossover(rows), "memory_note": memory_note(),
-              "k": args.k, "rounds": args.rounds}
+              "k": args.k, "rounds": args.rounds, "max_batch": args.max_batch,
+              "one_pass": one_pass, "goals": _goals(rows, one_pass)}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
     print(_table(rows))
     print(f"crossover: {report['crossover']}")
+    for line in report["goals"]:
+        print(line)
     print(f"written: {args.json}")
     return 0
 
@@ -134,18 +154,71 @@ def _workload(n: int, length: int) -> tuple[list[list[int]], list[list[int]]]:
     return contexts, continuations
 
 
-def _engine(name: str, sessions: int) -> Engine:
+def _engine(name: str, sessions: int, max_batch: int) -> Engine:
     limits = LimitSettings(max_sessions=max(sessions, 8), kv_budget_bytes=2**31)
-    batch = BatchSettings()
-    model = ModelSettings(path=TARGET, device="cpu", backend="torch" if name == "torch"
+    batch = BatchSettings(max_batch=max_batch)
+    model = ModelSettings(path=TARGET, device="auto", backend="torch" if name == "torch"
                           else "vllm")
     if name == "torch":
         from cloud.runtime.target import TargetRuntime
-        target = TargetRuntime(TARGET, device="cpu")
+        target = TargetRuntime(TARGET, device="auto")
     else:
         from cloud.runtime.vllm_backend import VllmBackend
         target = VllmBackend(model, VllmSettings())
     return Engine(target, limits, batch)
+
+
+def _one_pass_ms(engine: Engine, context: list[int], continuation: list[int], k: int,
+                 rounds: int = 21) -> dict:
+    """What a 1-session round costs over the bare target pass it needs: rounds of one session
+    (its block fully right, so every round has k + 1 new tokens), each followed at once by the
+    same pass run on the runtime directly (no batcher, no test, a second state of the same
+    length), so both see the same machine load. Medians of `rounds`."""
+    runtime = engine.runtime.runtime  # the TorchBackend's TargetRuntime
+    session = engine.open(OpenRequest("", "", _fingerprint(engine), list(context),
+                                      SamplingParams())).session
+    bare = runtime.new_state()
+    runtime.score(bare, context[:-1])
+    start, round_ms, pass_ms = len(context), [], []
+    tokens = [context[-1]] + continuation
+    for r in range(rounds):
+        pos = start - len(context)
+        if pos + k + 1 > len(continuation):
+            break
+        began = time.perf_counter()
+        result = engine.draft(session, DraftRequest(r + 1, start, continuation[pos: pos + k], []))
+        round_ms.append((time.perf_counter() - began) * 1000.0)
+        assert result.verdict.accepted == k, "the block is the target's own continuation"
+        began = time.perf_counter()
+        runtime.score(bare, tokens[pos: pos + k + 1])
+        pass_ms.append((time.perf_counter() - began) * 1000.0)
+        runtime.rollback(bare, start + k)   # the round keeps k of its k + 1 positions, too
+        start += k + 1
+    engine.close(session, "bench")
+    bare.release()
+    round_p50, pass_p50 = statistics.median(round_ms), statistics.median(pass_ms)
+    return {"round_ms": round(round_p50, 2), "pass_ms": round(pass_p50, 2),
+            "ratio": round(round_p50 / pass_p50, 3), "passes": len(round_ms)}
+
+
+def _goals(rows: list[Row], one_pass: dict) -> list[str]:
+    """Issue 18's done-when lines, from this run's rows."""
+    by = {(r.backend, r.sessions): r for r in rows}
+    lines = []
+    top = max((r.sessions for r in rows), default=0)
+    alone = by.get(("vllm-ar", top))
+    best = max((by[b, top] for b in ("torch", "vllm") if (b, top) in by),
+               key=lambda r: r.goodput_tok_s, default=None)
+    if best and alone:
+        lines.append(f"{top} sessions: best backend {best.backend} {best.goodput_tok_s:.0f} "
+                     f"verified tok/s = {best.goodput_tok_s / alone.goodput_tok_s:.2f}x vLLM "
+                     f"alone's {alone.goodput_tok_s:.0f} generated tok/s (goal >= 2); round "
+                     f"p50 {best.round_ms_p50:.0f} ms (goal <= 150)")
+    if one_pass:
+        lines.append(f"1 session: torch round p50 {one_pass['round_ms']:.1f} ms = "
+                     f"{one_pass['ratio']:.2f}x one target pass of the same tokens "
+                     f"({one_pass['pass_ms']:.1f} ms, paired round by round; goal <= 1.3)")
+    return lines
 
 
 def _fingerprint(engine: Engine) -> str:
@@ -268,19 +341,14 @@ def _kv_per_session(engine: Engine, name: str, lengths: list[int]) -> float:
     if name == "vllm":
         block = engine.runtime.settings.block_size
         return statistics.mean(math.ceil(n / block) * block for n in lengths) * per_token
-    # torch: its own cache, plus its row of the padded batch cache (longest session in the pass)
-    max_batch = BatchSettings().max_batch
-    padded = []
-    for first in range(0, len(lengths), max_batch):
-        group = lengths[first: first + max_batch]
-        padded += [n + max(group) for n in group]
-    return statistics.mean(padded) * per_token
+    # torch: its slot of the pool, every slot as long as the longest session has needed
+    return engine.runtime.runtime.pool.capacity * per_token
 
 
 def memory_note() -> str:
-    return ("kv_bytes_per_session: torch = the session's own KV cache plus its row of the "
-            "padded batch cache, which is as long as the longest session in the pass (sessions "
-            "grouped by max_batch in order); vllm = the paged cache blocks its longest request "
+    return ("kv_bytes_per_session: torch = the session's slot of the preallocated KV pool "
+            "(every slot holds as many positions as the longest session has needed, rounded up "
+            "to a power of two); vllm = the paged cache blocks its longest request "
             "holds (whole blocks of vllm.block_size), independent of other sessions. Computed "
             "from the sessions' lengths and the measured bytes per token, not sampled from RSS.")
 

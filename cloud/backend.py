@@ -4,14 +4,19 @@ The engine (cloud/engine.py) owns sessions, limits and the acceptance test; a ba
 the target. Two implement it:
 
   torch  cloud/runtime/torch_backend.py  the embedded default: transformers in this process,
-                                         per-session KV caches, the batcher's padded passes
+                                         KV caches in one slot pool, the batcher's passes
   vllm   cloud/runtime/vllm_backend.py   a vLLM AsyncLLM engine: paged KV cache, continuous
                                          batching, prefix caching, tensor/pipeline/data parallel
+
+cloud/runtime/factory.py make_backend(config) builds the one config.model.backend names; this
+module imports neither implementation.
 
 A session's life on a backend:
   state = backend.new_state(params)                        open (sampling fixed for its life)
   backend.submit(state, context[:-1], alone=True, rows=0)     prefill
-  backend.submit(state, [pending] + block, rows=k + 1)       score a block: [k + 1, vocab]
+  backend.submit(state, [pending] + block, rows=k + 1, check=check)
+                                                           score a block: [k + 1, vocab], and
+                                                           maybe its verdict
   backend.rollback(state, start + accepted)                keep the accepted prefix only
   backend.release(state)                                   evicted or closed
 
@@ -29,6 +34,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cloud.verify import RoundCheck
 from tandem.sampling import SamplingParams
 
 
@@ -71,12 +77,15 @@ class TargetBackend(abc.ABC):
 
     @abc.abstractmethod
     def submit(self, state: BackendState, tokens: Sequence[int], *, alone: bool = False,
-               rows: int | None = None) -> Future:
+               rows: int | None = None, check: RoundCheck | None = None) -> Future:
         """Append tokens to the session; the future resolves to a cloud.batcher.ForwardResult
         whose logits are [len(tokens), vocab], row j = the distribution after tokens[j].
         rows = how many of the last rows the caller reads (None = all): a backend may leave the
         others NaN; rows=0 (a prefill nobody reads) may give [0, vocab]. alone=True: a long
-        job (prefill) that should not share a pass with rounds."""
+        job (prefill) that should not share a pass with rounds. check: the round's acceptance
+        test (cloud.verify.RoundCheck); a backend that runs it with the pass (batched, on the
+        pass's thread) puts the Verdict in ForwardResult.verdict, one that does not leaves
+        None and the engine runs it."""
 
     @abc.abstractmethod
     def rollback(self, state: BackendState, length: int) -> None:
@@ -95,15 +104,3 @@ class TargetBackend(abc.ABC):
     @abc.abstractmethod
     def close(self, timeout: float | None = None) -> None:
         """Finish what is queued, then stop; submit() afterwards raises Unavailable."""
-
-
-def load_target(config) -> Any:
-    """The target config.model names, on config.model.backend: a TargetRuntime for torch (the
-    engine puts the torch backend around it), a VllmBackend for vllm. config: CloudConfig."""
-    model = config.model
-    if model.backend == "vllm":
-        from cloud.runtime.vllm_backend import VllmBackend  # imports vLLM: only when chosen
-        return VllmBackend(model, config.vllm)
-    from cloud.runtime.target import TargetRuntime
-    return TargetRuntime(model.resolved_path(), model.device, model.dtype,
-                         name=model.name or None)

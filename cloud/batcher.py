@@ -4,6 +4,15 @@ Each session thread submits (kv_state, new_tokens) and waits on a future; one wo
 takes the first waiting job, gathers more for up to `window_ms` (or until every active session
 has a job in, or `max_batch` is reached), and runs them as a single batched forward pass. Long
 jobs (prefills) run alone so that a 1000-token prompt never pads a batch of 9-token rounds.
+
+A job may carry its round's acceptance test (cloud.verify.RoundCheck): with a `verify`
+function the worker runs the test of every round in the pass in one batched step right after
+it (cloud.verify_batch.verify_rounds) and hands each session its verdict, so a session's
+thread does no tensor work between submit and reply.
+
+A job submitted while no other session is open and nothing is queued runs on the submitting
+thread itself (the pass lock keeps passes one at a time): a lone session does not pay two
+thread hand-offs per round.
 """
 from __future__ import annotations
 
@@ -24,7 +33,9 @@ from cloud.errors import Unavailable
 log = logging.getLogger(__name__)
 
 # forward(batch) -> logits per job; batch[i] = (kv_state, new_tokens), result[i] = [n_i, vocab]
-ForwardFn = Callable[[Sequence[tuple[Any, Sequence[int]]]], list[torch.Tensor]]
+ForwardFn = Callable[[Sequence[tuple[Any, Sequence[int]]]], Sequence[torch.Tensor]]
+# verify(checks, logits) -> per job a Verdict, the exception refusing it, or None (no check)
+VerifyFn = Callable[[Sequence[Any], Sequence[torch.Tensor]], list[Any]]
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,8 @@ class ForwardResult:
     queue_ms: float       # from submit until the batch's pass began
     forward_ms: float     # the batched pass
     batch_size: int       # jobs in that pass
+    verdict: Any = None   # cloud.verify.Verdict when the pass's thread ran the round's test
+    verify_ms: float = 0.0  # that batched test (shared by the pass's rounds)
 
 
 @dataclass
@@ -40,6 +53,7 @@ class _Job:
     state: Any
     tokens: Sequence[int]
     alone: bool
+    check: Any = None     # cloud.verify.RoundCheck or None
     future: Future = field(default_factory=Future)
     submitted: float = field(default_factory=time.perf_counter)
 
@@ -51,9 +65,11 @@ class Batcher:
     """A worker thread that runs `forward` on batches of jobs; submit() is thread-safe."""
 
     def __init__(self, forward: ForwardFn, *, max_batch: int, window_ms: float,
-                 active_sessions: Callable[[], int] | None = None) -> None:
+                 active_sessions: Callable[[], int] | None = None,
+                 verify: VerifyFn | None = None) -> None:
         assert max_batch >= 1 and window_ms >= 0
         self._forward = forward
+        self._verify = verify
         self.max_batch = max_batch
         self.window_s = window_ms / 1000.0
         # Sessions that might still join a batch: once that many jobs are in, waiting longer
@@ -61,17 +77,31 @@ class Batcher:
         self._active_sessions = active_sessions or (lambda: max_batch)
         self._queue: queue.Queue = queue.Queue()
         self._closed = threading.Event()
+        self._pass_lock = threading.Lock()  # one pass at a time (the runtime is single-threaded)
         self.batches_run = 0
         self.largest_batch = 0
         self.size_counts: collections.Counter[int] = collections.Counter()  # jobs per pass
         self._worker = threading.Thread(target=self._run, name="tandem-batcher", daemon=True)
         self._worker.start()
 
-    def submit(self, state: Any, tokens: Sequence[int], *, alone: bool = False) -> Future:
-        """Queue one forward job; the future resolves to a ForwardResult (or its exception)."""
+    def follow(self, active_sessions: Callable[[], int]) -> None:
+        """How many sessions might join a pass (the engine's session count)."""
+        self._active_sessions = active_sessions
+
+    def submit(self, state: Any, tokens: Sequence[int], *, alone: bool = False,
+               check: Any = None) -> Future:
+        """Queue one forward job; the future resolves to a ForwardResult (or its exception).
+        check: the round's RoundCheck, tested with the pass when this batcher has `verify`."""
         if self._closed.is_set():
             raise Unavailable("the verifier is shutting down")
-        job = _Job(state, tokens, alone)
+        job = _Job(state, tokens, alone, check)
+        if self._active_sessions() <= 1 and self._queue.empty() \
+                and self._pass_lock.acquire(blocking=False):
+            try:  # no one to batch with and the worker is idle: run it here
+                self._execute_locked([job])
+            finally:
+                self._pass_lock.release()
+            return job.future
         self._queue.put(job)
         return job.future
 
@@ -131,6 +161,10 @@ class Batcher:
                 self._execute([job])
 
     def _execute(self, batch: list[_Job]) -> None:
+        with self._pass_lock:
+            self._execute_locked(batch)
+
+    def _execute_locked(self, batch: list[_Job]) -> None:
         started = time.perf_counter()
         try:
             outputs = self._forward([(job.state, job.tokens) for job in batch])
@@ -140,10 +174,24 @@ class Batcher:
                 job.future.set_exception(exc)
             return
         forward_ms = (time.perf_counter() - started) * 1000.0
+        verdicts, verify_ms = [None] * len(batch), 0.0
+        checks = [job.check for job in batch]
+        if self._verify is not None and any(check is not None for check in checks):
+            verify_started = time.perf_counter()
+            try:
+                verdicts = self._verify(checks, outputs)
+            except Exception as exc:  # noqa: BLE001 - as a failed pass: every job hears it
+                log.exception("batched acceptance test of %d rounds failed", len(batch))
+                verdicts = [exc] * len(batch)
+            verify_ms = (time.perf_counter() - verify_started) * 1000.0
         self.batches_run += 1
         self.largest_batch = max(self.largest_batch, len(batch))
         self.size_counts[len(batch)] += 1  # read by Info (load reports); ints, no lock needed
-        for job, logits in zip(batch, outputs):
+        for i, job in enumerate(batch):
+            if isinstance(verdicts[i], Exception):
+                job.future.set_exception(verdicts[i])
+                continue
             job.future.set_result(ForwardResult(
-                logits=logits, queue_ms=(started - job.submitted) * 1000.0,
-                forward_ms=forward_ms, batch_size=len(batch)))
+                logits=outputs[i], queue_ms=(started - job.submitted) * 1000.0,
+                forward_ms=forward_ms, batch_size=len(batch), verdict=verdicts[i],
+                verify_ms=verify_ms))

@@ -119,7 +119,9 @@ class LimitSettings(Settings):
 class BatchSettings(Settings):
     window_ms: float = Field(2.0, ge=0, le=1000, description=(
         "how long the first waiting round waits for other sessions to join its forward pass"))
-    max_batch: int = Field(16, ge=1, le=1024, description="most sessions in one forward pass")
+    max_batch: int = Field(64, ge=1, le=1024, description=(
+        "most sessions in one forward pass (passes read the KV slots in place: one pass for all "
+        "waiting sessions is the cheapest)"))
 
 
 class VllmSettings(Settings):

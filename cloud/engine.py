@@ -28,7 +28,7 @@ from cloud.metrics import VerifierMetrics
 from cloud.runtime.target import TargetRuntime
 from cloud.runtime.torch_backend import TorchBackend
 from cloud.sessions import Session, SessionTable
-from cloud.verify import Verdict, verify_greedy, verify_sampled
+from cloud.verify import RoundCheck, Verdict, verify_round
 from tandem.codec import InvalidDistribution, SparseDist
 from tandem.metrics import tau
 from tandem.qcodec import QCodec, codec_for
@@ -135,7 +135,10 @@ class Engine:
     def __init__(self, runtime: TargetRuntime | TargetBackend, limits: LimitSettings,
                  batch: BatchSettings) -> None:
         if not isinstance(runtime, TargetBackend):  # a bare TargetRuntime: the torch backend
-            runtime = TorchBackend(runtime, batch, active_sessions=lambda: self.table.active)
+            runtime = TorchBackend(runtime, batch)
+        follow = getattr(runtime, "follow_sessions", None)  # a batching backend: our sessions
+        if follow is not None:
+            follow(lambda: self.table.active)
         self.runtime = runtime  # the TargetBackend (cloud/backend.py) every model call goes to
         self.limits = Limits(
             max_draft_length=limits.max_draft_length,
@@ -232,18 +235,25 @@ class Engine:
             return EvictedNotice(session.session_id, request.round)
         for victim in victims:
             self._log_end(victim, "evicted")
+        generator_state = None if session.params.greedy else session.generator.get_state()
         try:
             # m + k + 1 tokens; the last k + 1 distributions verify the block.
             block = [session.pending_token, *request.unverified] + request.tokens
-            result = self.runtime.submit(session.state, block, rows=k + 1).result()
-            verify_started = time.perf_counter()
-            verdict = self._verify(session, request.tokens, q, result.logits[m:])
-            verify_ms = (time.perf_counter() - verify_started) * 1000.0
+            check = self._round_check(session, request, q)
+            result = self.runtime.submit(session.state, block, rows=k + 1, check=check).result()
+            verdict, verify_ms = result.verdict, result.verify_ms
+            if verdict is None:  # the backend only scored: test here
+                verify_started = time.perf_counter()
+                verdict = verify_round(check, result.logits)
+                verify_ms = (time.perf_counter() - verify_started) * 1000.0
             self.runtime.rollback(session.state, start + m + verdict.accepted)
         except BaseException:
-            # Undo the round's positions if the pass ran: the session is as before the Draft.
+            # Undo the round's positions if the pass ran, and the uniforms it drew: the session
+            # is as before the Draft.
             if session.state.length > start - 1:
                 self.runtime.rollback(session.state, start - 1)
+            if generator_state is not None:
+                session.generator.set_state(generator_state)
             raise
         finally:
             self.table.settle(session, session.state.length * self.runtime.bytes_per_token)
@@ -327,16 +337,19 @@ class Engine:
             if done:
                 return
 
-    def _verify(self, session: Session, tokens: list[int], dists: list[SparseDist],
-                logits: torch.Tensor) -> Verdict:
-        draft_tokens = torch.tensor(tokens, dtype=torch.long)                # [k]
-        if session.params.greedy:
-            return verify_greedy(draft_tokens, logits)
-        p = warp(logits, session.params)                                      # [k + 1, vocab]
-        q = torch.zeros((len(tokens), logits.shape[1]), dtype=torch.float64)  # [k, vocab]
-        for i, dist in enumerate(dists):
-            q[i] = dist.dense(logits.shape[1])
-        return verify_sampled(draft_tokens, q, p, session.generator)
+    def _round_check(self, session: Session, request: DraftRequest,
+                     dists: list[SparseDist]) -> RoundCheck:
+        """The round's acceptance test, less the target's rows: dense q and the k + 1 uniforms
+        (drawn from the session's generator, as verify_sampled draws them). `dists`: the
+        block's q as _check_draft returned it (decoded when coded)."""
+        q = None
+        if not session.params.greedy:
+            vocab = self.limits.vocab_size
+            q = torch.zeros((len(request.tokens), vocab), dtype=torch.float64)  # [k, vocab]
+            for i, dist in enumerate(dists):
+                q[i] = dist.dense(vocab)
+        return RoundCheck.make(request.tokens, len(request.unverified), session.params, q,
+                               session.generator)
 
     def _check_draft(self, session: Session, request: DraftRequest) -> list[SparseDist]:
         """Refuse what cannot be verified; returns the block's q (decoded when coded)."""

@@ -18,7 +18,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cloud.admission import RETRY_AFTER_HEADER, Admission, Overloaded
 from cloud.auth import ApiKeyInterceptor, key_from_metadata
-from cloud.backend import TargetBackend, load_target
+from cloud.backend import TargetBackend
+from cloud.runtime.factory import make_backend
 from cloud.config import CloudConfig, LimitSettings
 from cloud.engine import (Discarded, DraftRequest, Engine, EvictedNotice, GenerateRequest,
                           OpenRequest)
@@ -366,7 +367,7 @@ def create_server(config: CloudConfig,
                 "server.api_keys_env, bind a loopback address, or set "
                 "server.allow_insecure_public: true")
     if runtime is None:
-        runtime = load_target(config)  # model.backend: torch or vllm
+        runtime = make_backend(config)  # model.backend: torch or vllm
     engine = Engine(runtime, config.limits, config.batch)
     limits = config.limits
     admission = Admission(max_streams=settings.max_workers,

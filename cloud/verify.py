@@ -25,17 +25,52 @@ q_i(x_i) = 0 could not have been sampled by the draft: it is refused, never a si
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from cloud.errors import InvalidRequest, ZeroDraftProbability
+from tandem.sampling import SamplingParams, warp
 
 
 @dataclass(frozen=True)
 class Verdict:
     accepted: int  # n, 0 <= n <= k
     token: int     # bonus token: the target's token after the accepted prefix
+
+
+@dataclass(frozen=True)
+class RoundCheck:
+    """What the acceptance test of one round needs besides the target's rows, made by the
+    session's thread before the pass (so the pass's thread only runs tensors): the block, the
+    rows before it, and for sampling the dense q and the round's uniforms."""
+    draft: Sequence[int]               # x_1..x_k
+    offset: int                        # rows before the block's k + 1 (fast-mode unverified)
+    params: SamplingParams
+    q: torch.Tensor | None = None      # [k, vocab] float64 (sampling)
+    uniforms: torch.Tensor | None = None  # [k + 1] float64 from the session's generator
+
+    @classmethod
+    def make(cls, draft: Sequence[int], offset: int, params: SamplingParams,
+             q: torch.Tensor | None, generator: torch.Generator | None) -> RoundCheck:
+        """Draws the k + 1 uniforms verify_sampled would draw, in the same order."""
+        if params.greedy:
+            return cls(draft=tuple(draft), offset=offset, params=params)
+        uniforms = torch.rand(len(draft) + 1, dtype=torch.float64, generator=generator)
+        return cls(draft=tuple(draft), offset=offset, params=params, q=q, uniforms=uniforms)
+
+
+def verify_round(check: RoundCheck, scores: torch.Tensor) -> Verdict:
+    """The reference test of one round: scores [offset + k + 1, vocab] (or more rows), rows
+    offset..offset + k scoring the block."""
+    k = len(check.draft)
+    logits = scores[check.offset: check.offset + k + 1]                      # [k + 1, vocab]
+    draft_tokens = torch.tensor(list(check.draft), dtype=torch.long)         # [k]
+    if check.params.greedy:
+        return verify_greedy(draft_tokens, logits.cpu())
+    p = warp(logits, check.params).cpu()                                     # [k + 1, vocab]
+    return verify_sampled_with_uniforms(draft_tokens, check.q, p, check.uniforms)
 
 
 def verify_greedy(draft_tokens: torch.Tensor,   # [k] int64

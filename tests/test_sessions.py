@@ -6,14 +6,17 @@ import pytest
 import torch
 
 from cloud.errors import ResourceExhausted
-from cloud.runtime.kv import KVState
+from cloud.runtime.kv import KVPool, KVState
 from cloud.sessions import Session, SessionTable
 from tandem.sampling import SamplingParams
+
+POOL = KVPool(torch.device("cpu"), max_capacity=64)  # never used by a pass here
 
 
 def _session(name: str) -> Session:
     return Session(session_id=name, params=SamplingParams(), generator=torch.Generator(),
-                   state=KVState(), context_length=1, pending_token=0, mode=0, prompt_tokens=1)
+                   state=KVState(POOL), context_length=1, pending_token=0, mode=0,
+                   prompt_tokens=1)
 
 
 def _admit(table: SessionTable, session: Session, need: int) -> list[str]:

@@ -15,13 +15,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("tandem", "edge", "cloud", "bench")
 
-# Circles known today and removed by work in flight elsewhere; each entry names its modules
-# (sorted). Delete an entry when its circle is gone: the test then keeps it gone.
-KNOWN_CIRCLES = {
-    # cloud/backend.py (the backend interface) builds the implementations, which import it:
-    # make_backend beside the implementations (issue 16, cloud/) removes it.
-    ("cloud.backend", "cloud.runtime.vllm_backend"),
-}
+# Circles known today, each entry naming its modules (sorted); none since make_backend moved
+# beside the implementations (cloud/runtime/factory.py). A new circle fails the test.
+KNOWN_CIRCLES: set[tuple[str, ...]] = set()
 
 # The round loop: these modules and packages, every class in them.
 ROUND_LOOP = ("edge/generation.py", "edge/state.py", "edge/caps.py", "edge/fast_mode.py",

@@ -100,6 +100,7 @@ def test_batched_ragged_forward_equals_each_session_alone(runtime, contexts):
                                in zip(batched_states, contexts, splits, new_lengths)])
     assert runtime.forward_passes == before + 1
     for one, many, n in zip(alone, batched, new_lengths):
+        many = many.cpu()  # the pass's rows stay on the runtime's device
         assert many.shape == (n, runtime.vocab_size)
         assert torch.equal(one.argmax(-1), many.argmax(-1))
         assert (one - many).abs().max() < 1e-4
@@ -145,3 +146,29 @@ def test_loads_and_batches_another_architecture(tmp_path, target_dir):
     batched = runtime.forward([(state, context[-2:]) for state, context in zip(states, contexts)])
     for context, scores in zip(contexts, batched):
         assert (scores - _full_logits(runtime, context)[-2:]).abs().max() < ATOL
+
+
+def test_the_pool_grows_without_changing_what_sessions_hold(target_dir, contexts):
+    """A pool of 1 slot x 16 positions: more sessions and longer contexts reallocate it; every
+    session's next rows still equal a plain full forward, and released slots are reused."""
+    from cloud.runtime.kv import KVPool
+    runtime = TargetRuntime(target_dir, device="cpu")
+    runtime.pool = KVPool(runtime.device, runtime.max_context, slots=1, capacity=16)
+    long_context = (contexts[0] + contexts[2] + contexts[4]) * 2                  # 256 tokens
+    states = [runtime.new_state() for _ in range(3)]
+    runtime.score(states[0], contexts[1])
+    runtime.forward([(states[1], contexts[0]), (states[2], long_context[:-1])])
+    assert runtime.pool.slots >= 3 and runtime.pool.capacity >= len(long_context) - 1
+    for state, context in zip(states, (contexts[1], contexts[0], long_context[:-1])):
+        step = runtime.score(state, [3])[-1]
+        assert (step - _full_logits(runtime, context + [3])[-1]).abs().max() < ATOL
+    slot = states[1].slot
+    states[1].release()
+    again = runtime.new_state()
+    runtime.score(again, [1, 2])
+    assert again.slot == slot
+    dropped = states[2].slot
+    del states[2], state  # dropped without release: its slot comes back when it is collected
+    fresh = runtime.new_state()
+    runtime.score(fresh, [1])
+    assert fresh.slot == dropped

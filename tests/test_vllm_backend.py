@@ -65,6 +65,7 @@ class VllmVerifier:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
             start_new_session=True)
         self.lines: list[str] = []
+        self.scoring: str | None = None  # the line saying which scoring path the engine took
         self.port: int | None = None
         self.ready = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -74,6 +75,8 @@ class VllmVerifier:
         for line in self.process.stdout:
             self.lines.append(line.rstrip())
             del self.lines[:-400]  # vLLM logs a lot: keep the tail for failure messages
+            if "vLLM scoring:" in line:
+                self.scoring = line.rstrip()
             match = re.search(r"serving .* on 127\.0\.0\.1:(\d+)", line)
             if match and self.port is None:
                 self.port = int(match.group(1))
@@ -98,7 +101,7 @@ class VllmVerifier:
 
 
 @pytest.fixture(scope="module")
-def vllm_port(tmp_path_factory, target_dir):
+def vllm_server(tmp_path_factory, target_dir):
     config = tmp_path_factory.mktemp("vllm") / "cloud.yaml"
     config.write_text(
         "server: {host: 127.0.0.1, port: 0, shutdown_grace_s: 0}\n"
@@ -107,9 +110,15 @@ def vllm_port(tmp_path_factory, target_dir):
         f"vllm: {{max_logprobs: {MAX_LOGPROBS}}}\n")
     server = VllmVerifier(config)
     try:
-        yield server.wait_ready()
+        server.wait_ready()
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_port(vllm_server) -> int:
+    return vllm_server.port
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +129,13 @@ def stub(vllm_port):
 @pytest.fixture(scope="module")
 def fingerprint(target_dir) -> str:
     return tokenizer_fingerprint(AutoTokenizer.from_pretrained(target_dir))
+
+
+def test_the_log_says_which_scoring_path_it_took(vllm_server):
+    """One request per round where the engine scores chosen prompt rows (V2 model runner,
+    CUDA), one per row elsewhere (this CPU build: the V1 runner refuses the probe)."""
+    assert vllm_server.scoring is not None, "no 'vLLM scoring:' line in the verifier's log"
+    assert re.search(r"one request per (round|row)", vllm_server.scoring)
 
 
 def test_info_names_the_vllm_backend(stub):

@@ -1,24 +1,28 @@
 """The target runtime: one HF-format causal LM in torch (CUDA when present), any number of
-per-session KV caches, and one batched forward pass over sessions of ragged lengths.
+sessions' KV caches in one preallocated pool (kv.py), and one batched forward pass over
+sessions of ragged lengths that reads and writes those caches in place.
 
-The batched pass packs the sessions into one padded batch: each session's past K/V is placed
-right-aligned in a [batch, kv_heads, max_past, head_dim] cache (left padding), its new tokens
-left-aligned in [batch, max_new] (right padding), a 2-D attention mask hides both kinds of
-padding and explicit position_ids continue each session's own positions. Row i of the output
-is then exactly what session i alone would get (up to float rounding). Any causal LM that takes
-a Cache, attention_mask and position_ids works this way; nothing here is Llama-specific.
+The batched pass feeds each session's new tokens as one row of [B, N] (right-padded), with
+position_ids continuing each session's own positions; the model runs with the slot attention
+(slot_attention.py), which writes every new key/value into the session's slot and attends over
+the slots with a per-row mask. Row i of the output is then what session i alone would get (up
+to float rounding). The model's own modules do everything else, so any HF causal LM whose
+attention goes through transformers' AttentionInterface works (Llama, GPT-2, ...).
 """
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from cloud.runtime.kv import KVState
+from cloud.runtime import slot_attention
+from cloud.runtime.kv import KVPool, KVState
+from cloud.runtime.slot_attention import SlotBatch
 from tandem.fingerprint import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -39,6 +43,21 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
+@dataclass(frozen=True)
+class PassLogits(Sequence):
+    """The logits of one batched pass: self[i] = job i's rows [n_i, vocab] (a view, float32, on
+    the runtime's device). `padded` is the whole pass, for consumers that work on all rows."""
+    padded: torch.Tensor   # [B, N, vocab], row rows[i] is job i (rows are ordered by slot)
+    rows: list[int]
+    lengths: list[int]     # n_i
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.padded[self.rows[i], : self.lengths[i]]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
 class TargetRuntime:
     """A local HF causal-LM directory loaded for verification.
 
@@ -56,12 +75,14 @@ class TargetRuntime:
         self.device = resolve_device(device)
         self.dtype = dtype
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=DTYPES[dtype], local_files_only=True).to(self.device).eval()
+            self.model_dir, dtype=DTYPES[dtype], local_files_only=True,
+            attn_implementation=slot_attention.register()).to(self.device).eval()
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
         self.name = name or self.model_dir.name  # what Info reports and Open.model must match
         self.fingerprint = tokenizer_fingerprint(tokenizer)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.max_context = _max_context(self.model.config, tokenizer)
+        self.pool = KVPool(self.device, max_capacity=self.max_context)
         self.forward_passes = 0  # batched passes run so far (tests use it to see "no compute")
         self.bytes_per_token = self._measure_bytes_per_token()
         log.info("target %s loaded from %s on %s (%s) in %.1f s: vocab %d, max context %d, "
@@ -70,80 +91,63 @@ class TargetRuntime:
                  self.bytes_per_token)
 
     def new_state(self) -> KVState:
-        return KVState()
+        return KVState(self.pool)
 
     def score(self, state: KVState, tokens: Sequence[int]) -> torch.Tensor:
-        """One session alone: append tokens, return float32 logits [len(tokens), vocab]."""
-        return self.forward([(state, tokens)])[0]
+        """One session alone: append tokens, return float32 CPU logits [len(tokens), vocab]."""
+        return self.forward([(state, tokens)])[0].cpu()
 
     @torch.inference_mode()
-    def forward(self, batch: Sequence[tuple[KVState, Sequence[int]]]) -> list[torch.Tensor]:
+    def forward(self, batch: Sequence[tuple[KVState, Sequence[int]]]) -> PassLogits:
         """One forward pass over many sessions: batch[i] = (state_i, new_tokens_i).
 
-        Appends each session's new K/V to its state and returns, per session, float32 CPU
-        logits [len(new_tokens_i), vocab] where row j is the next-token distribution after
-        new_tokens_i[j].
+        Writes each session's new K/V into its slot and returns, per session, float32 logits
+        [len(new_tokens_i), vocab] on the runtime's device where row j is the next-token
+        distribution after new_tokens_i[j].
         """
         assert batch, "empty batch"
-        past = [state.length for state, _ in batch]
         new = [len(tokens) for _, tokens in batch]
         assert min(new) > 0, "every session needs at least one new token"
-        size, max_past, max_new = len(batch), max(past), max(new)
+        slots = [state.bind() for state, _ in batch]
+        assert len(set(slots)) == len(slots), "a session twice in one pass"
+        order = sorted(range(len(batch)), key=slots.__getitem__)  # consecutive slots: a view
+        rows = [0] * len(batch)
+        for row, i in enumerate(order):
+            rows[i] = row
+        states = [batch[i][0] for i in order]
+        past = [state.length for state in states]
+        new = [new[i] for i in order]
+        self.pool.reserve(max(p + n for p, n in zip(past, new)))
+        size, width = len(batch), max(new)
 
-        input_ids = torch.full((size, max_new), PAD_TOKEN, dtype=torch.long)         # [B, N]
-        position_ids = torch.zeros((size, max_new), dtype=torch.long)                # [B, N]
-        attention_mask = torch.zeros((size, max_past + max_new), dtype=torch.long)   # [B, P + N]
-        for i, (state, tokens) in enumerate(batch):
-            input_ids[i, : new[i]] = torch.as_tensor(list(tokens), dtype=torch.long)
-            position_ids[i, : new[i]] = torch.arange(past[i], past[i] + new[i])
-            attention_mask[i, max_past - past[i]: max_past + new[i]] = 1
-        ragged = size > 1 and (min(past) != max_past or min(new) != max_new)
-
+        input_ids = torch.full((size, width), PAD_TOKEN, dtype=torch.long)          # [B, N]
+        position_ids = torch.zeros((size, width), dtype=torch.long)                 # [B, N]
+        for row, i in enumerate(order):
+            input_ids[row, : new[row]] = torch.as_tensor(list(batch[i][1]), dtype=torch.long)
+            position_ids[row, : new[row]] = torch.arange(past[row], past[row] + new[row])
+        slot_batch = SlotBatch.build(self.pool, [slots[i] for i in order], past, new,
+                                     self.device)
         out = self.model(
-            input_ids=input_ids.to(self.device),
-            position_ids=position_ids.to(self.device),
-            # Without padding the mask is all ones; None lets the model take its causal fast path.
-            attention_mask=attention_mask.to(self.device) if ragged else None,
-            past_key_values=self._pack([state for state, _ in batch], max_past),
-            use_cache=True)
+            input_ids=input_ids.to(self.device), position_ids=position_ids.to(self.device),
+            # A 4-D mask is taken as it is (no mask building); the slot attention uses its own.
+            attention_mask=slot_batch.mask, use_cache=False, tandem_batch=slot_batch)
         self.forward_passes += 1
-
-        logits = out.logits.float()                                                   # [B, N, V]
-        cache_layers = out.past_key_values.layers
-        for i, (state, _) in enumerate(batch):
-            state.append([(layer.keys[i, :, max_past: max_past + new[i]],
-                           layer.values[i, :, max_past: max_past + new[i]])
-                          for layer in cache_layers])
-        return [logits[i, : new[i]].cpu() for i in range(size)]
+        for state, n in zip(states, new):
+            state.length += n
+        return PassLogits(padded=out.logits.float(), rows=rows,
+                          lengths=[len(tokens) for _, tokens in batch])
 
     def rollback(self, state: KVState, length: int) -> None:
         state.rollback(length)
-
-    def _pack(self, states: list[KVState], max_past: int) -> DynamicCache:
-        """A padded batch cache: session i's K/V right-aligned in
-        [B, kv_heads, max_past, head_dim]."""
-        if max_past == 0:
-            return DynamicCache()
-        template = next(state for state in states if state.length)
-        packed = []
-        for layer, (keys, values) in enumerate(template.layers):
-            batch_keys = keys.new_zeros((len(states), keys.shape[0], max_past, keys.shape[2]))
-            batch_values = values.new_zeros((len(states), values.shape[0], max_past,
-                                             values.shape[2]))
-            for i, state in enumerate(states):
-                if state.length:
-                    state_keys, state_values = state.layers[layer]
-                    batch_keys[i, :, max_past - state.length:] = state_keys
-                    batch_values[i, :, max_past - state.length:] = state_values
-            packed.append((batch_keys, batch_values))
-        return DynamicCache(ddp_cache_data=packed)
 
     def _measure_bytes_per_token(self) -> int:
         """K/V bytes one position costs, measured with a one-token pass (also a warm-up)."""
         state = self.new_state()
         self.score(state, [PAD_TOKEN])
         self.forward_passes = 0
-        return state.nbytes
+        nbytes = state.nbytes
+        state.release()
+        return nbytes
 
 
 def _max_context(config, tokenizer) -> int:

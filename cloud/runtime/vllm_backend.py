@@ -20,11 +20,16 @@ request returns depends on the session:
              equals the k-th) would need ids beyond those returned: that row is fetched again
              with the whole vocabulary.
 
-Why not prompt_logprobs (one request per round): vLLM turns the prefix cache off for such a
-request and scores every prompt row, so each round would recompute the whole context; and the
-row-range options (prompt_logprob_start / prompt_logprob_token_ids) need the V2 model runner,
-which the CPU build does not have. The per-row requests keep the prefix cache on, and a
-re-opened session (after an eviction) finds its context still cached while vLLM has room.
+One request per round, where the engine can (the V2 model runner, CUDA): prompt = context +
+block, prompt_logprob_start = the first row read, prompt_logprob_token_ids = every id of the
+vocabulary for each prompt row read (raw logits, whole rows: the argmax for greedy, any top_k
+for sampling) and logprobs=-1 for the last row (the generated position), with the prefix
+cache read as for any request (rows before prompt_logprob_start are not needed). At start a
+probe request decides (capability check, not a version check); the log says which path was
+taken ("scoring: one request per round" or "scoring: one request per row"). Plain
+prompt_logprobs is never used: vLLM turns the prefix cache off for it and scores every row.
+The per-row requests keep the prefix cache on, and a re-opened session (after an eviction)
+finds its context still cached while vLLM has room.
 
 Sessions hold only their token ids here: the KV lives in vLLM's paged cache, which grows with
 the tokens each request holds (whole blocks), never with the longest session in a batch.
@@ -52,6 +57,7 @@ from cloud.backend import BackendInfo, TargetBackend
 from cloud.batcher import ForwardResult
 from cloud.config import ModelSettings, VllmSettings
 from cloud.errors import InvalidRequest, Unavailable
+from cloud.verify import RoundCheck
 from tandem.fingerprint import tokenizer_fingerprint
 from tandem.sampling import SamplingParams
 
@@ -122,6 +128,7 @@ class VllmBackend(TargetBackend):
         self.prompt_tokens = 0       # prompt tokens of those requests
         self.cached_tokens = 0       # of which the prefix cache served
         self.tie_refetches = 0       # rows fetched again with the whole vocabulary
+        self.per_round = False       # one request per round (see the module docstring)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-vllm",
                                         daemon=True)
@@ -183,6 +190,32 @@ class VllmBackend(TargetBackend):
         # The first request after start, and the first with logprobs, pay a warm-up of seconds.
         await self._request([1, 2, 3], self._greedy, 0)
         await self._request([1, 2, 3], params(logprobs=-1, flat_logprobs=True), 0)
+        self.per_round = await self._probe_per_round()
+        log.info("vLLM scoring: %s", "one request per round (prompt_logprob_token_ids, V2 "
+                 "model runner)" if self.per_round else "one request per row (this engine "
+                 "refused prompt_logprob_token_ids: V1 model runner)")
+
+    async def _probe_per_round(self) -> bool:
+        """Whether this engine scores chosen prompt rows in one request (capability check)."""
+        try:
+            output = await self._request([1, 2, 3, 4], self._round_params(1, 2), 0)
+            rows = getattr(output, "prompt_token_id_logprobs", None)
+            return rows is not None and tuple(_as_tensor(rows).shape) == (2, self.vocab_size)
+        except Exception as exc:  # noqa: BLE001 - any refusal means: not on this engine
+            log.debug("prompt_logprob_token_ids refused: %s", exc)
+            return False
+
+    def _round_params(self, start: int, prompt_rows: int):
+        """One request scoring whole rows start..start + prompt_rows - 1 of the prompt, plus
+        the last (generated) position."""
+        import numpy as np
+        extra = {}
+        if prompt_rows:
+            ids = np.broadcast_to(np.arange(self.vocab_size, dtype=np.int64),
+                                  (prompt_rows, self.vocab_size)).copy()
+            extra = dict(prompt_logprob_start=start, prompt_logprob_token_ids=ids,
+                         skip_reading_prefix_cache=False)
+        return self._params(logprobs=-1, flat_logprobs=True, **extra)
 
     def close(self, timeout: float | None = None) -> None:
         """Refuse new work, let requests in flight finish (up to `timeout`), stop the engine and
@@ -233,7 +266,8 @@ class VllmBackend(TargetBackend):
                 "to raise vllm.max_logprobs")
 
     def submit(self, state: VllmState, tokens: Sequence[int], *, alone: bool = False,
-               rows: int | None = None) -> Future:
+               rows: int | None = None, check: RoundCheck | None = None) -> Future:
+        # `check` is not run here: the engine tests the rows this returns.
         if self._closed:
             raise Unavailable("the verifier is shutting down")
         tokens = list(tokens)
@@ -263,7 +297,8 @@ class VllmBackend(TargetBackend):
     def info(self) -> BackendInfo:
         return BackendInfo(kind=self.kind, device=self.device, in_flight=self._in_flight,
                            passes=self.requests,
-                           details={"prompt_tokens": self.prompt_tokens,
+                           details={"scoring": "per round" if self.per_round else "per row",
+                                    "prompt_tokens": self.prompt_tokens,
                                     "cached_tokens": self.cached_tokens,
                                     "tie_refetches": self.tie_refetches,
                                     "block_size": self.settings.block_size})
@@ -285,6 +320,8 @@ class VllmBackend(TargetBackend):
         if rows == 0:  # a prefill: only the prefix cache is wanted
             await self._request(prefix + tokens, self._greedy, rank)
             logits = torch.empty((0, self.vocab_size))
+        elif self.per_round:
+            logits = await self._score_round(prefix, tokens, n - rows, rank)
         else:
             first = n - rows
             # Rows the caller does not read stay NaN (never computed).
@@ -304,6 +341,24 @@ class VllmBackend(TargetBackend):
         return ForwardResult(logits=logits, queue_ms=(started - submitted) * 1000.0,
                              forward_ms=(time.perf_counter() - started) * 1000.0,
                              batch_size=in_flight + max(rows, 1))
+
+    async def _score_round(self, prefix: list[int], tokens: list[int], first: int,
+                           rank: int) -> torch.Tensor:
+        """Rows first..n-1 of a round in one request: [n, vocab], rows before first NaN."""
+        n = len(tokens)
+        logits = torch.full((n, self.vocab_size), math.nan)
+        output = await self._request(prefix + tokens, self._round_params(
+            len(prefix) + first, n - 1 - first), rank)
+        if n - 1 - first:
+            scored = getattr(output, "prompt_token_id_logprobs", None)
+            if scored is None:
+                raise RuntimeError("vLLM returned no prompt_token_id_logprobs for a round "
+                                   "(was the request preempted?)")
+            logits[first: n - 1] = _as_tensor(scored)
+        ids, values = _flat_row(output.outputs[0].logprobs)
+        logits[n - 1] = -math.inf
+        logits[n - 1, ids] = values
+        return logits
 
     async def _fill_row(self, row: torch.Tensor, prompt: list[int], params: SamplingParams,
                         need: int, rank: int) -> None:
@@ -340,6 +395,11 @@ class VllmBackend(TargetBackend):
         self.prompt_tokens += len(prompt)
         self.cached_tokens += final.num_cached_tokens or 0
         return final
+
+
+def _as_tensor(rows) -> torch.Tensor:
+    """prompt_token_id_logprobs (a tensor or an array) as float32 [rows, ids]."""
+    return torch.as_tensor(rows, dtype=torch.float32).cpu()
 
 
 def _flat_row(flat) -> tuple[torch.Tensor, torch.Tensor]:
