@@ -87,8 +87,9 @@ class AdaptiveConfig(Settings):
     prior_acceptance: float = Field(0.7, ge=0, le=1, description="acceptance assumed before "
                                     "any verdict (per position)")
     prior_weight: float = Field(4.0, ge=0, description="observations the prior is worth")
-    dither: bool = Field(True, description="every other round draft k - max(1, k // 4), so "
-                         "the uplink's cost per byte can be fitted apart from its latency")
+    dither: bool = Field(True, description="every other round draft k + max(1, k // 4), so "
+                         "the uplink's cost per byte can be fitted apart from its latency and "
+                         "the acceptance past k is measured")
     confidence_stop: bool = Field(True, description="end a block early when the draft's "
                                   "confidence says the next token no longer pays")
     adapt_q_entries: bool = Field(True, description="fewer sparse-q entries per position on a "

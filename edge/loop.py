@@ -132,7 +132,10 @@ class Generation:
     def run(self) -> GenerationResult:
         self.t0 = time.monotonic()
         try:
-            self.cursor.sync(self.context)  # prefill the draft while nothing else runs
+            # Prefill the draft while nothing else runs, unless the policy defers it to its
+            # first block (one that starts by letting the cloud generate may never draft).
+            if getattr(self.policy, "prefill_first", True):
+                self.cursor.sync(self.context)
             if not self._open_with_retries() and not self._verifier_back():
                 self._go_offline()
             while not self.result.finish_reason:

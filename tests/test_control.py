@@ -13,7 +13,7 @@ import pytest
 from edge.config import AdaptiveConfig, ClientConfig, DeviceProfile
 from edge.control import FixedK, Plan, RoundView, make_policy, policy_names
 from edge.control.acceptance import AcceptanceEstimator
-from edge.control.adaptive import AdaptivePolicy
+from edge.control.adaptive import CLOUD_RETRY_ROUNDS, AdaptivePolicy
 from edge.control.channel import ChannelEstimator
 from edge.rounds import RoundRecord
 
@@ -311,8 +311,9 @@ def test_the_choice_follows_the_link():
 
 
 def test_cloud_generates_only_where_the_verifier_serves_it():
-    """A verifier without Generate: the loop runs the plan's k instead (a speculative round),
-    and the controller stops asking."""
+    """A verifier without Generate (or a link being re-opened): the loop runs the plan's k
+    instead (a speculative round), and the controller asks again only CLOUD_RETRY_ROUNDS
+    rounds later."""
     policy = adaptive(cloud_generate=True)
     link = Link(latency_s=0.070, server_s=TARGET_PASS_S)
     run(policy, link, PHONE, 10, random.Random(14))
@@ -323,7 +324,9 @@ def test_cloud_generates_only_where_the_verifier_serves_it():
     policy.update(RoundRecord(index=0, k_asked=plan.k, drafted=plan.k, accepted=1,
                               mode="verify", committed=2, target_passes=1, rtt_s=0.09,
                               draft_s=0.1, sync_tokens=1, bytes_up=20))
-    assert policy.plan(view).cloud_generate == 0
+    log = run(policy, link, PHONE, CLOUD_RETRY_ROUNDS + 1, random.Random(15))
+    assert not any(plan.cloud_generate for plan, _ in log[:CLOUD_RETRY_ROUNDS - 1])
+    assert log[-1][0].cloud_generate > 0
     assert adaptive().plan(view).cloud_generate == 0  # and off when the config says so
 
 

@@ -20,7 +20,7 @@ BASELINES = ("cloud-only", "edge-only")
 PEERS = ("hf-heuristic", "llamacpp-pmin", "sglang-ema")
 FIXED_KS = (1, 2, 4, 8, 16)
 ALL_CONFIGURATIONS = (*BASELINES, *(f"fixed-k{k}" for k in FIXED_KS), *PEERS,
-                      "adaptive", "adaptive-pipelined", "oracle")
+                      "adaptive", "adaptive-pipelined", "adaptive-capped", "oracle")
 _FIXED = re.compile(r"^fixed-k(\d+)$")
 
 

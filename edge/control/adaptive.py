@@ -81,8 +81,12 @@ UPLINK_SHARE_HIGH = 0.10          # q entries halve when the uplink takes more o
 UPLINK_SHARE_LOW = 0.02           # ... and double again below this
 CLOUD_LATENCY_SHARE = 0.10        # a cloud run is long enough that the link's latency is at
                                   # most this share of its time
-CLOUD_EXPLORE_ROUNDS = 16         # after this many cloud runs in a row, one speculative round ...
+CLOUD_EXPLORE_ROUNDS = 2          # after this many cloud runs in a row, one speculative round ...
 CLOUD_EXPLORE_RATIO = 0.8         # ... if speculation is expected within this of the cloud
+CLOUD_UNMEASURED_MARGIN = 1.3     # before any cloud run is measured its pace is the verifier's
+                                  # time per pass (streaming adds to it): clearly faster only
+CLOUD_RETRY_ROUNDS = 32           # a cloud plan run as another round (the verifier does not serve
+                                  # Generate, or the link was being re-opened): ask again after this
 CAP_MARGIN = 0.95                 # plan to this share of max_passes_per_token (noisy estimates)
 CAP_DECAY = 0.998                 # per round: the cap's running totals forget (~500 rounds)
 CAP_PRICE_STEP = 1.0              # the cap's multiplier moves by this x (passes - cap x tokens)
@@ -158,7 +162,8 @@ class AdaptivePolicy:
         self.overhead = _Ewma()       # a sequential round's seconds outside drafting and its RTT
         self.gen_s = _Ewma()          # seconds between a cloud run's streamed tokens
         self.cloud_overhead = _Ewma()  # a cloud run's seconds outside its first token and stream
-        self.cloud_served = True      # False once a cloud plan came back as another round
+        self.rounds_seen = 0
+        self.cloud_retry_at = 0       # rounds_seen before which no cloud plan is made
         self.q_entries = config.max_q_entries
         self.drafted = 0            # this generation
         self.generated = 0
@@ -258,7 +263,8 @@ class AdaptivePolicy:
         return max(self.gen_s.value or self.channel.server_s(), 1e-4)
 
     def cloud_option(self, view: RoundView) -> Option | None:
-        if not (self.cfg.cloud_generate and self.cloud_served and self.channel.measured
+        if not (self.cfg.cloud_generate and self.rounds_seen >= self.cloud_retry_at
+                and self.channel.measured
                 and view.remaining > 1 and not view.fast):
             return None
         latency = self.channel.latency_s + (self.cloud_overhead.value or 0.0)
@@ -293,7 +299,9 @@ class AdaptivePolicy:
         slack = FLAT_TOLERANCE * abs(peak)
         spec = min((o for o in specs if scores[o.k] >= peak - slack), key=lambda o: o.k)
         cloud = self.cloud_option(view)
-        if cloud is None or self.score(cloud) <= scores[spec.k]:
+        self.last_choice["cloud_rate"] = cloud.rate if cloud is not None else None
+        margin = 1.0 if self.gen_s.value is not None else CLOUD_UNMEASURED_MARGIN
+        if cloud is None or self.score(cloud) <= margin * scores[spec.k]:
             return spec, None
         if self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS and \
                 spec.rate >= CLOUD_EXPLORE_RATIO * cloud.rate:
@@ -323,16 +331,25 @@ class AdaptivePolicy:
 
     # ---- the policy interface -------------------------------------------------------------
 
+    @property
+    def prefill_first(self) -> bool:
+        """Whether the loop prefills the draft on the prompt before the first round (edge/
+        loop.py). Not when the last plan let the cloud generate: the next generation most likely
+        starts the same way and may never draft; its first block then pays the prefill, which
+        the model charges to speculation (sync_seconds)."""
+        return self.last_choice.get("mode") != "cloud"
+
     def plan(self, view: RoundView) -> Plan:
         if view.round == 0:
             self.drafted = 0
-            self.unsynced = 0  # a generation starts with the draft prefilled on its context
+            # the loop prefilled the draft on the prompt unless prefill_first said not to
+            self.unsynced = 0 if self.prefill_first else view.context_length
+        mode = self.last_choice.get("mode")
         spec, cloud = self.choose(view)
         k, rate = spec.k, spec.rate
-        self.last_choice = {"mode": "cloud" if cloud else "speculate", "k": k, "rate": rate,
-                            "cloud_rate": cloud.rate if cloud else None,
-                            "rtt_s": self.channel.net_rtt(self.block_bytes(k)),
-                            "t_draft": self.t_draft()}
+        self.last_choice.update(mode="cloud" if cloud else "speculate", previous=mode, k=k,
+                                rate=rate, rtt_s=self.channel.net_rtt(self.block_bytes(k)),
+                                t_draft=self.t_draft())
         self._t_plan = self.clock()
         if cloud is not None:
             # k: what the loop drafts instead if this verifier does not serve Generate
@@ -349,15 +366,15 @@ class AdaptivePolicy:
             if p_full >= 0.5 and wait > self.t_draft() * k:
                 send_ahead = min(self.max_send_ahead, max(view.max_send_ahead, 1),
                                  1 + int(wait / max(self.t_draft() * k, 1e-6)))
-        # Dither: every other round a slightly shorter block, so the link's cost per byte can
-        # be told from its latency (edge/control/channel.py fits a line); the rate is flat
-        # near its optimum, so this costs little.
+        # Dither: every other round a slightly longer block, so the link's cost per byte can
+        # be told from its latency (edge/control/channel.py fits a line) and the acceptance of
+        # positions past k is seen (short blocks alone never reach them, and an unseen
+        # position is estimated at the pooled rate, which keeps k short); the rate is flat
+        # near its optimum, so this costs little (under a cap it also spends fewer passes).
         chosen = k
         if self.cfg.dither and k >= 2 and self.verified_rounds % 2:
-            # (under a cap the longer side: a shorter block spends more passes per token)
-            step = max(1, k // 4)
-            chosen = k - step if self.cap is None else min(k + step, self.cfg.max_draft_length,
-                                                           view.max_k)
+            longer = min(k + max(1, k // 4), self.cfg.max_draft_length, view.max_k)
+            chosen = longer if self.fits_budget(longer, view) else k
         probe = k == 0 and view.max_k > 0 and self.zero_rounds >= PROBE_AFTER_ZERO_ROUNDS
         if probe:
             chosen = 1
@@ -372,7 +389,8 @@ class AdaptivePolicy:
         wall = self.clock() - self._t_plan if planned is not None else None
         if planned is not None and planned.cloud_generate and record.mode != "cloud" and \
                 record.mode != "local":
-            self.cloud_served = False  # the loop ran an ordinary round instead
+            self.cloud_retry_at = self.rounds_seen + CLOUD_RETRY_ROUNDS  # ran another round
+        self.rounds_seen += 1
         self.channel.update(record)
         self.acceptance.update(record)
         a = self.cfg.rtt_alpha
