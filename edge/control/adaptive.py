@@ -40,7 +40,8 @@ Confidence stop, from the same model: one more draft token at confidence p adds 
 expected tokens (beta = acceptance vs the draft's top probability, at best — when every earlier
 token is accepted) and costs dt = t_draft + c * bytes_per_token seconds. At the chosen
 operating point of R = E(k*) / T(k*) tokens/s it pays iff beta(p) > R * dt, so the block stops
-below the confidence where beta reaches R * dt (Plan.min_confidence).
+below the confidence where beta reaches R * dt (Plan.min_confidence; under a cap R is the
+option's score and a token is worth 1 + price x cap).
 
 q entries (sampling): fewer entries per position when the uplink's share of a round grows
 (lossless either way: the draft samples from exactly the q it sends).
@@ -312,12 +313,16 @@ class AdaptivePolicy:
         spec, _ = self.choose(view)
         return spec.k, spec.rate
 
-    def min_confidence(self, rate: float) -> float:
+    def min_confidence(self, spec: Option) -> float:
+        """The confidence below which one more draft token does not pay (see the module's
+        docstring). Under a cap a token is worth more than its time, since it also lowers the
+        passes per token: 1 + price x cap, against the option's score."""
         if not self.cfg.confidence_stop or self.verified_rounds < 4:
             return 0.0
         dt = self.t_draft() + self.channel.seconds_per_byte * (
             self.bytes_per_token or PRIOR_BYTES_PER_TOKEN)
-        return self.acceptance.confidence_threshold(rate * dt)
+        worth = 1.0 if self.cap is None else 1.0 + self.cap_price * self.cap * CAP_MARGIN
+        return self.acceptance.confidence_threshold(max(self.score(spec), 0.0) * dt / worth)
 
     def choose_q_entries(self, k: int) -> int:
         if not self.cfg.adapt_q_entries or k == 0:
@@ -378,7 +383,7 @@ class AdaptivePolicy:
         probe = k == 0 and view.max_k > 0 and self.zero_rounds >= PROBE_AFTER_ZERO_ROUNDS
         if probe:
             chosen = 1
-        self._planned = Plan(k=chosen, min_confidence=self.min_confidence(rate),
+        self._planned = Plan(k=chosen, min_confidence=self.min_confidence(spec),
                              q_entries=q_entries, send_ahead=send_ahead,
                              draft_ahead=self.draft_ahead and chosen > 0 and not probe
                              and self.ahead_pays(chosen))
