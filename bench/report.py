@@ -140,6 +140,10 @@ def write_plots(out_dir: Path, summaries: Sequence[RunSummary], trace: list[dict
     t = [r["t_s"] for r in trace]
     ax_k.step(t, [r["draft_length"] for r in trace], where="post", label="draft length k")
     ax_k.plot(t, [r["accepted"] for r in trace], "o", ms=3, label="accepted n")
+    cloud = [r for r in trace if r.get("mode") == "cloud"]
+    if cloud:  # runs the verifier generated itself (the adaptive controller's other option)
+        ax_k.plot([r["t_s"] for r in cloud], [r["tokens"] for r in cloud], "^", ms=5,
+                  label="cloud run: tokens")
     ax_k.set_ylabel("tokens")
     ax_k.legend(loc="upper right", fontsize=8)
     ax_k.set_title(f"one session over the {trace_name} profile ({len(trace)} rounds)")

@@ -65,7 +65,8 @@ def gen(config="fixed-k4", channel="lte", device="phone", tokens=10, wall_s=1.0,
 def test_configuration_names_are_the_issues():
     assert ALL_CONFIGURATIONS == (
         "cloud-only", "edge-only", "fixed-k1", "fixed-k2", "fixed-k4", "fixed-k8", "fixed-k16",
-        "hf-heuristic", "llamacpp-pmin", "sglang-ema", "adaptive", "adaptive-pipelined", "oracle")
+        "hf-heuristic", "llamacpp-pmin", "sglang-ema", "adaptive", "adaptive-pipelined",
+        "adaptive-capped", "oracle")
     assert fixed_k("fixed-k16") == 16 and fixed_k("adaptive") is None
     with pytest.raises(ValueError):
         BenchConfig(configurations=("fixed-k4", "magic"))
