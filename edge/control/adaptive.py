@@ -89,6 +89,7 @@ CLOUD_UNMEASURED_MARGIN = 1.3     # before any cloud run is measured its pace is
 CLOUD_RETRY_ROUNDS = 32           # a cloud plan run as another round (the verifier does not serve
                                   # Generate, or the link was being re-opened): ask again after this
 CAP_MARGIN = 0.95                 # plan to this share of max_passes_per_token (noisy estimates)
+CAP_RESERVE_PASSES = 1.0          # a cloud run leaves this much of the surplus unspent
 CAP_DECAY = 0.998                 # per round: the cap's running totals forget (~500 rounds)
 CAP_PRICE_STEP = 1.0              # the cap's multiplier moves by this x (passes - cap x tokens)
 CAP_PRICE_START = 1.0             # ... from here (a cap usually binds) ...
@@ -273,9 +274,10 @@ class AdaptivePolicy:
         n = 1 + math.ceil((1.0 - share) / share * latency / self.gen_seconds())
         n = min(max(n, self.cfg.cloud_generate_tokens), view.remaining)
         if self.cap is not None:
-            # every generated token is a target pass: as many as the surplus pays for
+            # every generated token is a target pass: as many as the surplus pays for, keeping
+            # the pass of the round after it in reserve
             limit = self.cap * CAP_MARGIN
-            surplus = limit * self.cap_tokens - self.cap_passes
+            surplus = limit * self.cap_tokens - self.cap_passes - CAP_RESERVE_PASSES
             n = min(n, int(surplus / (1.0 - limit)) if limit < 1.0 else n)
             if n < 2:
                 return None
