@@ -179,6 +179,7 @@ class AdaptivePolicy:
         self._planned: Plan | None = None   # the last plan, until its first record arrives
         self._t_plan = 0.0
         self.last_choice: dict = {}  # what the last plan was based on (reports, tests)
+        self._expected: list[float] | None = None  # expected_tokens' table
 
     # ---- the model ------------------------------------------------------------------------
 
@@ -191,12 +192,16 @@ class AdaptivePolicy:
         return DRAFT_OVERHEAD_BYTES + k * (self.bytes_per_token or PRIOR_BYTES_PER_TOKEN)
 
     def expected_tokens(self, k: int) -> float:
-        alphas = self.acceptance.per_position()
-        total, reach = 1.0, 1.0
-        for j in range(k):
-            reach *= alphas[min(j, len(alphas) - 1)]
-            total += reach
-        return total
+        table = self._expected
+        if table is None or k >= len(table):  # E(0..k), kept until the next update
+            alphas = self.acceptance.per_position()
+            table, total, reach = [1.0], 1.0, 1.0
+            for j in range(max(k, len(alphas))):
+                reach *= alphas[min(j, len(alphas) - 1)]
+                total += reach
+                table.append(total)
+            self._expected = table
+        return table[k]
 
     def round_seconds(self, k: int) -> float:
         return (self.t_draft() * k + self.channel.net_rtt(self.block_bytes(k))
@@ -400,6 +405,7 @@ class AdaptivePolicy:
         self.rounds_seen += 1
         self.channel.update(record)
         self.acceptance.update(record)
+        self._expected = None
         a = self.cfg.rtt_alpha
         if record.mode == "verify":
             self.zero_rounds = self.zero_rounds + 1 if record.drafted == 0 else 0
