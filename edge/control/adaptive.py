@@ -18,15 +18,22 @@ Options, each with expected committed tokens N, wall seconds T and target passes
 - let the cloud generate n tokens (Plan.cloud_generate; `adaptive.cloud_generate` allows it):
       N = n,   T = L + t_gen + (n - 1) * t_gen + t_over_cloud,   P = n
   with t_gen the measured seconds between streamed tokens (before any cloud run: the verifier's
-  reported time per pass). n is the smallest run in which the link's latency is at most
+  reported time per pass, and then the cloud must be CLOUD_UNMEASURED_MARGIN faster, since
+  streaming adds to it). n is the smallest run in which the link's latency is at most
   CLOUD_LATENCY_SHARE of the time, at least `cloud_generate_tokens`, at most what is left.
+  The plan keeps speculation's k, which the loop drafts if the verifier does not serve
+  Generate (the controller then asks again only CLOUD_RETRY_ROUNDS rounds later). When the
+  last plan was a cloud run the next generation's draft is not prefilled (prefill_first).
 
-The plan is the option of the highest N / T. With `client.max_passes_per_token` (an operator's
-cap on the verifier's cost) only options that keep the running target passes per committed
-token (decayed totals over this client's rounds) under CAP_MARGIN x the cap are candidates; a
-cloud run is shortened to what the surplus pays for; when nothing fits, the speculation that
-spends the fewest passes per token. Losslessness does not depend on the choice: every option
-commits only tokens the target chose or accepted. Generating locally without the verifier is
+The plan is the option of the highest N / T (among speculations, the smallest k within
+FLAT_TOLERANCE of the best). With `client.max_passes_per_token` = cap (an operator's cap on
+the verifier's cost) the score is the Lagrangian of "fastest with passes <= cap x tokens",
+    (N + price * (CAP_MARGIN * cap * N - P)) / T,
+whose price integrates the excess of each round's passes over CAP_MARGIN x cap x its tokens
+(it rises while the client runs over the cap and falls to 0 while under; an unreachable cap
+drives it to CAP_PRICE_MAX, where the fewest passes per token win), and a cloud run is cut to
+what the running surplus pays for, CAP_RESERVE_PASSES kept. Losslessness does not depend on
+the choice: every option commits only tokens the target chose or accepted. Generating locally without the verifier is
 the loop's offline path (edge/control/offline.py), never chosen here: a lossless request has
 no unverified option.
 
