@@ -452,3 +452,21 @@ def test_a_slow_draft_means_k_zero_and_probes_find_it_fast_again():
     log = run(policy, link, Draft(alpha=0.9, s_per_token=0.001), 30, rng)
     assert any(plan.k == 1 for plan, _ in log[:6])  # a probe within PROBE_AFTER_ZERO_ROUNDS + 1
     assert policy.last_choice["k"] >= 3
+
+
+def test_the_draft_is_not_prefilled_for_a_generation_the_cloud_will_write():
+    """prefill_first (edge/loop.py asks it before a generation): not after choosing cloud runs,
+    even when the generation ended on a one-token round (no cloud run possible there); the
+    deferred prefill is charged to speculation's first round."""
+    policy = adaptive(cloud_generate=True)
+    assert policy.prefill_first
+    run(policy, Link(latency_s=0.070, server_s=TARGET_PASS_S), PHONE, 10, random.Random(16),
+        remaining=48)
+    assert policy.last_choice["mode"] == "cloud" and not policy.prefill_first
+    last = RoundView(round=3, generated=47, remaining=1, max_k=0, link_state="up",
+                     sampling=False, history=[])
+    assert policy.plan(last).cloud_generate == 0 and not policy.prefill_first
+    first = RoundView(round=0, generated=0, remaining=48, max_k=32, link_state="up",
+                      sampling=False, history=[], context_length=300)
+    policy.plan(first)
+    assert policy.unsynced == 300 and policy.sync_seconds() > 0

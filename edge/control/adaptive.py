@@ -187,6 +187,7 @@ class AdaptivePolicy:
         self._t_plan = 0.0
         self.last_choice: dict = {}  # what the last plan was based on (reports, tests)
         self._expected: list[float] | None = None  # expected_tokens' table
+        self.prefers_cloud = False    # the last choice that could have been a cloud run was
 
     # ---- the model ------------------------------------------------------------------------
 
@@ -353,10 +354,11 @@ class AdaptivePolicy:
     @property
     def prefill_first(self) -> bool:
         """Whether the loop prefills the draft on the prompt before the first round (edge/
-        loop.py). Not when the last plan let the cloud generate: the next generation most likely
-        starts the same way and may never draft; its first block then pays the prefill, which
-        the model charges to speculation (sync_seconds)."""
-        return self.last_choice.get("mode") != "cloud"
+        loop.py). Not when the last real choice (one with a cloud run possible: more than one
+        token left) let the cloud generate: the next generation most likely starts the same way
+        and may never draft; its first block then pays the prefill, which the model charges to
+        speculation (sync_seconds)."""
+        return not self.prefers_cloud
 
     def plan(self, view: RoundView) -> Plan:
         if view.round == 0:
@@ -365,6 +367,8 @@ class AdaptivePolicy:
             self.unsynced = 0 if self.prefill_first else view.context_length
         mode = self.last_choice.get("mode")
         spec, cloud = self.choose(view)
+        if self.last_choice.get("cloud_rate") is not None:
+            self.prefers_cloud = cloud is not None
         k, rate = spec.k, spec.rate
         self.last_choice.update(mode="cloud" if cloud else "speculate", previous=mode, k=k,
                                 rate=rate, rtt_s=self.channel.net_rtt(self.block_bytes(k)),
