@@ -153,7 +153,13 @@ def write_plots(out_dir: Path, summaries: Sequence[RunSummary], trace: list[dict
     fig, (ax_k, ax_rtt) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
     t = [r["t_s"] for r in trace]
     ax_k.step(t, [r["draft_length"] for r in trace], where="post", label="draft length k")
-    ax_k.plot(t, [r["accepted"] for r in trace], "o", ms=3, label="accepted n")
+    verified = [r for r in trace if r.get("mode", "verify") == "verify"]
+    ax_k.plot([r["t_s"] for r in verified], [r["accepted"] for r in verified], "o", ms=3,
+              label="accepted n")
+    cloud = [r for r in trace if r.get("mode") == "cloud"]
+    if cloud:  # runs the verifier generated itself (the adaptive controller's other option)
+        ax_k.plot([r["t_s"] for r in cloud], [r["tokens"] for r in cloud], "^", ms=5,
+                  label="cloud run: tokens")
     ax_k.set_ylabel("tokens")
     ax_k.legend(loc="upper right", fontsize=8)
     ax_k.set_title(f"one session over the {trace_name} profile ({len(trace)} rounds)")

@@ -87,17 +87,21 @@ class AdaptiveConfig(Settings):
     prior_acceptance: float = Field(0.7, ge=0, le=1, description="acceptance assumed before "
                                     "any verdict (per position)")
     prior_weight: float = Field(4.0, ge=0, description="observations the prior is worth")
-    dither: bool = Field(True, description="every other round draft k - max(1, k // 4), so "
-                         "the uplink's cost per byte can be fitted apart from its latency")
+    dither: bool = Field(True, description="every other round draft k + max(1, k // 4), so "
+                         "the uplink's cost per byte can be fitted apart from its latency and "
+                         "the acceptance past k is measured")
     confidence_stop: bool = Field(True, description="end a block early when the draft's "
                                   "confidence says the next token no longer pays")
     adapt_q_entries: bool = Field(True, description="fewer sparse-q entries per position on a "
                                   "slow uplink (sampling; lossless either way)")
     min_q_entries: int = Field(4, ge=1, le=1024, description="fewest q entries per position")
-    cloud_generate: bool = Field(False, description="let the controller ask the verifier to "
-                                 "generate by itself when speculation does not pay")
-    cloud_generate_tokens: int = Field(16, ge=1, le=1024, description="tokens per "
-                                       "cloud-generates request")
+    cloud_generate: bool = Field(True, description="the controller may ask the verifier to "
+                                 "generate a run of tokens by itself (each a target pass) when "
+                                 "that is expected faster than speculating (lossless either way)")
+    cloud_generate_tokens: int = Field(16, ge=1, le=1024, description="fewest tokens per "
+                                       "cloud-generates request; more when the link's latency "
+                                       "would otherwise take over a tenth of the run (capped by "
+                                       "the tokens left and the verifier's limit)")
     prior_path: Path | None = Field(None, description="file where the acceptance prior is "
                                     "kept between sessions (JSON); None = not persisted")
 
@@ -181,6 +185,12 @@ class ClientConfig(Settings):
     send_ahead: int = Field(1, ge=1, le=8, description="pipelining: most blocks in flight (1 = "
                             "none; also capped by the verifier's max_in_flight); fixed uses it "
                             "every round, adaptive chooses up to it on long RTTs")
+    max_passes_per_token: float | None = Field(
+        None, gt=0, le=1, description="an operator's cap on the verifier's cost: the adaptive "
+        "controller keeps target forward passes per committed token under it (running, over the "
+        "client's rounds) and maximises speed within it; below what the draft's acceptance "
+        "allows (~1 / the longest expected accepted run) it spends the fewest passes it can. "
+        "None = no cap: speed alone (cloud-generates costs one pass per token)")
     adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
     device: DeviceProfile = Field(default_factory=DeviceProfile)
     entropy: EntropySwitchConfig = Field(default_factory=EntropySwitchConfig)

@@ -75,7 +75,10 @@ class Generation:
         state, ctx, link = self.state, self.ctx, self.ctx.link
         state.t0 = time.monotonic()
         try:
-            ctx.default_cursor.sync(state.context)  # prefill the draft while nothing else runs
+            # Prefill the draft while nothing else runs, unless the policy defers it to its
+            # first block (one that starts by letting the cloud generate may never draft).
+            if getattr(state.policy, "prefill_first", True):
+                ctx.default_cursor.sync(state.context)
             if not ctx.reconnect.open_with_retries(state.context) \
                     and not ctx.reconnect.reopen_if_waiting(state.context):
                 ctx.go_local()

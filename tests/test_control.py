@@ -13,7 +13,7 @@ import pytest
 from edge.config import AdaptiveConfig, ClientConfig, DeviceProfile
 from edge.control import FixedK, Plan, RoundView, make_policy, policy_names
 from edge.control.acceptance import AcceptanceEstimator
-from edge.control.adaptive import AdaptivePolicy
+from edge.control.adaptive import CLOUD_RETRY_ROUNDS, AdaptivePolicy
 from edge.control.channel import ChannelEstimator
 from edge.rounds import RoundRecord
 
@@ -33,39 +33,68 @@ class Draft:
     bytes_per_token: float = 3.0    # greedy ids; sampling adds ~4 B per q entry
 
 
+class SimClock:
+    """The policy's clock, moved by the simulated rounds."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def run(policy, link: Link, draft: Draft, rounds: int, rng: random.Random, *,
-        max_k: int = 32, sampling: bool = False, log=None, generated: int = 0):
-    """Drive `rounds` rounds; returns the log of (plan, record)."""
+        max_k: int = 32, sampling: bool = False, log=None, generated: int = 0,
+        remaining: int = 10_000):
+    """Drive `rounds` rounds; returns the log of (plan, record). A cloud-generates plan runs as
+    the verifier would: n tokens streamed one server pass apart after the latency."""
     log = [] if log is None else log
     history: list[RoundRecord] = []
+    clock = getattr(policy, "clock", None)
     for _ in range(rounds):
-        view = RoundView(round=len(history), generated=generated, remaining=10_000, max_k=max_k,
-                         link_state="up", sampling=sampling, history=history, max_q_entries=16)
+        view = RoundView(round=len(history), generated=generated, remaining=remaining,
+                         max_k=max_k, link_state="up", sampling=sampling, history=history,
+                         max_q_entries=16)
         plan = policy.plan(view)
-        k = min(plan.k, max_k)
-        n = 0
-        while n < k and rng.random() < draft.alpha:
-            n += 1
-        bytes_up = int(8 + k * draft.bytes_per_token)
-        rtt = (link.latency_s + bytes_up * link.seconds_per_byte + link.server_s
-               + rng.uniform(0, link.jitter_s))
-        record = RoundRecord(index=len(history), k_asked=k, drafted=k, accepted=n,
-                             mode="verify", verified=True, committed=n + 1, target_passes=1,
-                             draft_s=draft.s_per_token * k, rtt_s=rtt,
-                             sync_s=draft.s_per_token if k else 0.0, sync_tokens=1,
-                             server_forward_s=link.server_s, bytes_up=bytes_up, bytes_down=12,
-                             confidences=[0.9] * k)
+        jitter = rng.uniform(0, link.jitter_s)
+        if plan.cloud_generate:
+            n = min(plan.cloud_generate, remaining)
+            first = link.latency_s + 10 * link.seconds_per_byte + link.server_s + jitter
+            record = RoundRecord(index=len(history), k_asked=0, drafted=0, accepted=None,
+                                 mode="cloud", verified=True, committed=n, target_passes=n,
+                                 rtt_s=first, server_forward_s=n * link.server_s, bytes_up=10,
+                                 bytes_down=8 * n)
+            wall = first + (n - 1) * link.server_s
+        else:
+            k = min(plan.k, max_k)
+            n = 0
+            while n < k and rng.random() < draft.alpha:
+                n += 1
+            bytes_up = int(8 + k * draft.bytes_per_token)
+            rtt = link.latency_s + bytes_up * link.seconds_per_byte + link.server_s + jitter
+            record = RoundRecord(index=len(history), k_asked=k, drafted=k, accepted=n,
+                                 mode="verify", verified=True, committed=n + 1, target_passes=1,
+                                 draft_s=draft.s_per_token * k, rtt_s=rtt,
+                                 sync_s=draft.s_per_token if k else 0.0, sync_tokens=1,
+                                 server_forward_s=link.server_s, bytes_up=bytes_up, bytes_down=12,
+                                 confidences=[0.9] * k)
+            wall = record.draft_s + rtt
+        if isinstance(clock, SimClock):
+            clock.t += wall
         history.append(record)
-        generated += n + 1
+        generated += record.committed
         policy.update(record)
         log.append((plan, record))
     return log
 
 
-def adaptive(**overrides) -> AdaptivePolicy:
+def adaptive(cap: float | None = None, **overrides) -> AdaptivePolicy:
+    """The controller on a simulated clock. Cloud-generates is off unless asked for: most tests
+    here are about how speculation's k follows the link and the draft."""
     device = overrides.pop("device", DeviceProfile())
-    return AdaptivePolicy(ClientConfig(policy="adaptive", device=device,
-                                       adaptive=AdaptiveConfig(**overrides)))
+    overrides.setdefault("cloud_generate", False)
+    return AdaptivePolicy(ClientConfig(policy="adaptive", device=device, max_passes_per_token=cap,
+                                       adaptive=AdaptiveConfig(**overrides)), clock=SimClock())
 
 
 def steady_k(policy, link, draft, rng, rounds=80) -> float:
@@ -103,17 +132,31 @@ def test_draft_speed_is_measured_per_decode_step():
     assert policy.t_draft() == pytest.approx(step, rel=0.02)
 
 
+def _ahead_checked(policy: AdaptivePolicy) -> AdaptivePolicy:
+    """Every plan that drafts ahead is one where, by the estimates it was made from, it pays."""
+    plan = policy.plan
+
+    def checked(view: RoundView) -> Plan:
+        chosen = plan(view)
+        assert not chosen.draft_ahead or policy.ahead_pays(chosen.k)
+        return chosen
+    policy.plan = checked
+    return policy
+
+
 def test_draft_ahead_only_where_it_pays():
     """Draft-ahead is not interrupted by the verdict: a phone-speed draft (25 ms/token) on a
     2 ms link would spend on rejections far more than it hides; a fast draft on a 60 ms link
-    hides its drafting entirely. Every plan that drafts ahead is one where it pays."""
+    hides its drafting entirely."""
     rng = random.Random(7)
-    slow_short = AdaptivePolicy(ClientConfig(policy="adaptive", draft_ahead=True))
-    log = run(slow_short, Link(latency_s=0.002, server_s=0.015), Draft(alpha=0.7, s_per_token=0.025),
-              60, rng)
+    no_cloud = AdaptiveConfig(cloud_generate=False)
+    slow_short = _ahead_checked(AdaptivePolicy(ClientConfig(policy="adaptive", draft_ahead=True,
+                                                            adaptive=no_cloud)))
+    run(slow_short, Link(latency_s=0.002, server_s=0.015), Draft(alpha=0.7, s_per_token=0.025),
+        60, rng)
     assert not slow_short.ahead_pays(4) and not slow_short.ahead_pays(8)
-    assert all(slow_short.ahead_pays(plan.k) for plan, _ in log[-20:] if plan.draft_ahead)
-    fast_long = AdaptivePolicy(ClientConfig(policy="adaptive", draft_ahead=True))
+    fast_long = _ahead_checked(AdaptivePolicy(ClientConfig(policy="adaptive", draft_ahead=True,
+                                                           adaptive=no_cloud)))
     log = run(fast_long, Link(latency_s=0.060, server_s=0.015), Draft(alpha=0.7, s_per_token=0.001),
               60, rng)
     assert fast_long.ahead_pays(4) and fast_long.ahead_pays(8)
@@ -205,16 +248,121 @@ def test_q_entries_follow_the_uplink():
     assert slow[-1][0].q_entries < 16
 
 
-def test_cloud_generates_when_speculation_does_not_pay():
-    rng = random.Random(7)
+# ---- one controller: speculate or let the cloud generate, within a cap ----------------------
+
+PHONE = Draft(alpha=0.75, s_per_token=0.025)     # a ~40 tok/s phone draft
+LAPTOP = Draft(alpha=0.8, s_per_token=0.001)     # a fast local draft
+TARGET_PASS_S = 0.015                            # one target pass (the shipped target on CPU)
+
+
+def _rates(policy, link, draft, rounds=60, seed=12, **kw):
+    log = run(policy, link, draft, rounds, random.Random(seed), **kw)
+    tokens = sum(r.committed for _, r in log)
+    seconds = sum((r.rtt_s + (r.committed - 1) * link.server_s) if r.mode == "cloud"
+                  else r.draft_s + r.rtt_s for _, r in log)
+    passes = sum(r.target_passes for _, r in log)
+    return log, tokens / seconds, passes / tokens
+
+
+def test_long_rtt_and_a_slow_draft_let_the_cloud_generate():
+    """LTE-like 70 ms and a 40 tok/s draft: speculating commits ~3 tokens per ~180 ms, the
+    verifier streams one every 15 ms after the latency. The controller asks for runs long enough
+    that the latency is a small share of them, and ends up as fast as cloud-only."""
     policy = adaptive(cloud_generate=True)
-    run(policy, Link(latency_s=0.020), Draft(alpha=0.05, s_per_token=0.05), 60, rng)
+    link = Link(latency_s=0.070, server_s=TARGET_PASS_S)
+    log, rate, _ = _rates(policy, link, PHONE)
+    last = [plan for plan, _ in log[-20:]]
+    assert all(plan.cloud_generate >= 16 for plan in last)
+    assert last[-1].cloud_generate >= 1 + 9 * 0.070 / TARGET_PASS_S - 1
+    cloud_only = 48 / (0.070 + 48 * TARGET_PASS_S)
+    assert rate >= 0.9 * cloud_only
+    spec_only = adaptive()
+    _, spec_rate, _ = _rates(spec_only, link, PHONE)
+    assert rate > 2 * spec_rate
+
+
+def test_short_rtt_and_a_fast_draft_speculate():
+    """LAN (2 ms) and a fast draft: a round of ~4 committed tokens costs ~25 ms, the cloud
+    ~15 ms per token: speculation, and never a cloud run once measured."""
+    policy = adaptive(cloud_generate=True)
+    link = Link(latency_s=0.002, server_s=TARGET_PASS_S)
+    log, rate, _ = _rates(policy, link, LAPTOP)
+    assert not any(plan.cloud_generate for plan, _ in log[5:])
+    assert policy.last_choice["mode"] == "speculate" and policy.last_choice["k"] >= 3
+    assert rate > 1.3 / TARGET_PASS_S
+
+
+def test_the_choice_follows_the_link():
+    """The same draft (4 ms a token) and verifier (30 ms a pass): on a LAN speculation commits
+    ~6 tokens per ~65 ms round; the link turns into a 300 ms one and the cloud, streaming one
+    token per pass after the latency, is faster; the cloud runs measure the link too, so when
+    it comes back the controller speculates again."""
+    policy = adaptive(cloud_generate=True)
+    rng = random.Random(13)
+    draft = Draft(alpha=0.9, s_per_token=0.004)
+    run(policy, Link(latency_s=0.001, server_s=0.030), draft, 40, rng)
+    assert policy.last_choice["mode"] == "speculate"
+    run(policy, Link(latency_s=0.300, server_s=0.030), draft, 20, rng)
+    assert policy.last_choice["mode"] == "cloud"
+    assert policy.channel.latency_s == pytest.approx(0.300, rel=0.2)
+    log = run(policy, Link(latency_s=0.001, server_s=0.030), draft, 20, rng)
+    assert policy.last_choice["mode"] == "speculate"
+    assert not any(plan.cloud_generate for plan, _ in log[-10:])
+
+
+def test_cloud_generates_only_where_the_verifier_serves_it():
+    """A verifier without Generate (or a link being re-opened): the loop runs the plan's k
+    instead (a speculative round), and the controller asks again only CLOUD_RETRY_ROUNDS
+    rounds later."""
+    policy = adaptive(cloud_generate=True)
+    link = Link(latency_s=0.070, server_s=TARGET_PASS_S)
+    run(policy, link, PHONE, 10, random.Random(14))
     view = RoundView(round=5, generated=10, remaining=100, max_k=16, link_state="up",
                      sampling=False, history=[])
-    assert policy.plan(view).cloud_generate > 0
-    good = adaptive(cloud_generate=True)
-    run(good, Link(latency_s=0.020), Draft(alpha=0.9), 60, rng)
-    assert good.plan(view).cloud_generate == 0
+    plan = policy.plan(view)
+    assert plan.cloud_generate > 0 and plan.k > 0  # k: the fallback, not one token per trip
+    policy.update(RoundRecord(index=0, k_asked=plan.k, drafted=plan.k, accepted=1,
+                              mode="verify", committed=2, target_passes=1, rtt_s=0.09,
+                              draft_s=0.1, sync_tokens=1, bytes_up=20))
+    log = run(policy, link, PHONE, CLOUD_RETRY_ROUNDS + 1, random.Random(15))
+    assert not any(plan.cloud_generate for plan, _ in log[:CLOUD_RETRY_ROUNDS - 1])
+    assert log[-1][0].cloud_generate > 0
+    assert adaptive().plan(view).cloud_generate == 0  # and off when the config says so
+
+
+@pytest.mark.parametrize("link, draft", [
+    (Link(latency_s=0.070, server_s=TARGET_PASS_S), PHONE),
+    (Link(latency_s=0.002, server_s=TARGET_PASS_S), LAPTOP),
+    (Link(latency_s=0.200, server_s=TARGET_PASS_S), Draft(alpha=0.8, s_per_token=0.002)),
+])
+def test_the_cap_keeps_passes_per_token_under_it(link, draft):
+    """max_passes_per_token 0.30: no cloud run the running surplus cannot pay for, speculation
+    long enough to commit >= 1 / 0.30 tokens per pass on average; as fast as it can within that
+    (at least the best fixed k that keeps the cap, within noise)."""
+    capped = adaptive(cap=0.30, cloud_generate=True)
+    _, rate, passes = _rates(capped, link, draft, rounds=300, remaining=48)
+    assert passes <= 0.30
+    best_fixed = 0.0
+    for k in range(1, 17):
+        _, fixed_rate, fixed_passes = _rates(FixedK(k), link, draft, rounds=300, remaining=48)
+        if fixed_passes <= 0.30:
+            best_fixed = max(best_fixed, fixed_rate)
+    assert rate >= 0.95 * best_fixed, (rate, best_fixed)
+    free = adaptive(cloud_generate=True)
+    _, free_rate, _ = _rates(free, link, draft, rounds=300, remaining=48)
+    # the cap can only cost speed (the free controller's flat tolerance and downward dither
+    # trade up to ~5% for shorter blocks, which the capped one does not)
+    assert free_rate >= 0.9 * rate
+
+
+def test_an_unreachable_cap_spends_the_fewest_passes():
+    """Acceptance 0.3 cannot commit 1 / 0.1 tokens per pass: the controller drafts the block
+    with the most expected tokens per pass and never lets the cloud generate."""
+    policy = adaptive(cap=0.10, cloud_generate=True)
+    log = run(policy, Link(latency_s=0.070, server_s=TARGET_PASS_S), Draft(alpha=0.3), 80,
+              random.Random(15))
+    assert not any(plan.cloud_generate for plan, _ in log)
+    assert policy.last_choice["k"] >= 8
 
 
 # ---- reaction to step changes (bounds stated here) --------------------------------------------
@@ -304,3 +452,21 @@ def test_a_slow_draft_means_k_zero_and_probes_find_it_fast_again():
     log = run(policy, link, Draft(alpha=0.9, s_per_token=0.001), 30, rng)
     assert any(plan.k == 1 for plan, _ in log[:6])  # a probe within PROBE_AFTER_ZERO_ROUNDS + 1
     assert policy.last_choice["k"] >= 3
+
+
+def test_the_draft_is_not_prefilled_for_a_generation_the_cloud_will_write():
+    """prefill_first (edge/loop.py asks it before a generation): not after choosing cloud runs,
+    even when the generation ended on a one-token round (no cloud run possible there); the
+    deferred prefill is charged to speculation's first round."""
+    policy = adaptive(cloud_generate=True)
+    assert policy.prefill_first
+    run(policy, Link(latency_s=0.070, server_s=TARGET_PASS_S), PHONE, 10, random.Random(16),
+        remaining=48)
+    assert policy.last_choice["mode"] == "cloud" and not policy.prefill_first
+    last = RoundView(round=3, generated=47, remaining=1, max_k=0, link_state="up",
+                     sampling=False, history=[])
+    assert policy.plan(last).cloud_generate == 0 and not policy.prefill_first
+    first = RoundView(round=0, generated=0, remaining=48, max_k=32, link_state="up",
+                      sampling=False, history=[], context_length=300)
+    policy.plan(first)
+    assert policy.unsynced == 300 and policy.sync_seconds() > 0

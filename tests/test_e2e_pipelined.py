@@ -7,6 +7,8 @@ Bad sequences get a clear status."""
 from __future__ import annotations
 
 
+import contextlib
+
 import grpc
 import numpy as np
 import pytest
@@ -16,8 +18,9 @@ from verifier_harness import channel_to, open_draft, start_verifier
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime, verifier)
 
+from bench.channel import ChannelProfile, ChannelProxy
 from edge.client import EdgeClient, GenerationRequest
-from edge.config import ClientConfig
+from edge.config import ClientConfig, DeviceProfile
 from edge.control.adaptive import AdaptivePolicy
 from edge.control.policy import FixedK, Plan, RoundView
 from edge.rounds import RoundRecord
@@ -54,6 +57,13 @@ POLICIES = {
     # The adaptive controller itself, pipelining allowed: it picks k, draft-ahead and send-ahead.
     "adaptive-pipelined": lambda: AdaptivePolicy(ClientConfig(policy="adaptive", draft_ahead=True,
                                                               send_ahead=4)),
+    # ... and made to switch modes by its own model: on a device said to draft at most 5
+    # tokens per second, behind a 10 ms link (greedy: THROUGH_A_LINK), once a verified round
+    # has measured the link, cloud runs are faster than speculating and than plain k = 0
+    # rounds (the next generation starts with them, its draft not prefilled).
+    "adaptive-cloud": lambda: AdaptivePolicy(ClientConfig(
+        policy="adaptive", draft_ahead=True, send_ahead=2,
+        device=DeviceProfile(max_draft_tokens_per_s=5))),
 }
 
 
@@ -68,8 +78,27 @@ def client_with(port, draft, policy, **config) -> EdgeClient:
     return EdgeClient(channel_to(port), draft, ClientConfig(**config), policy=policy)
 
 
+THROUGH_A_LINK = {"adaptive-cloud"}  # on loopback a k = 0 round is as fast as a cloud token
+
+
+@contextlib.contextmanager
+def _link_to(port: int, name: str):
+    """The verifier's port, or for THROUGH_A_LINK a channel emulator's with 5 ms one way."""
+    if name not in THROUGH_A_LINK:
+        yield port
+        return
+    with ChannelProxy(ChannelProfile(name="short", delay_ms=5.0),
+                      upstream=("127.0.0.1", port)) as proxy:
+        yield proxy.address[1]
+
+
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_greedy_output_is_the_targets(name, verifier, draft, prompt_ids, reference):
+    with _link_to(verifier, name) as port:
+        _greedy_output_is_the_targets(name, port, draft, prompt_ids, reference)
+
+
+def _greedy_output_is_the_targets(name, verifier, draft, prompt_ids, reference):
     client = client_with(verifier, draft, POLICIES[name]())
     modes: set[str] = set()
     ahead_verified = 0
@@ -85,7 +114,7 @@ def test_greedy_output_is_the_targets(name, verifier, draft, prompt_ids, referen
         assert all(r.target_passes == 0 for r in result.rounds_log if r.mode == "discarded")
     if "send-ahead" in name:
         assert ahead_verified > 0, "no block sent ahead was ever verified"
-    if name == "switching":
+    if name in ("switching", "adaptive-cloud"):
         assert {"cloud", "verify"} <= modes
 
 
@@ -117,6 +146,7 @@ SAMPLED_POLICIES = {
     "send-ahead-2-k1": lambda: FixedK(1, draft_ahead=True, send_ahead=2),
     "switching": Switching,
     "adaptive-pipelined": POLICIES["adaptive-pipelined"],
+    "adaptive-cloud": POLICIES["adaptive-cloud"],
 }
 
 
@@ -153,7 +183,7 @@ def test_sampled_output_follows_the_targets_law(name, verifier, draft, prompt_id
     assert pvalue > 1e-3
     # the runs did what the variant is about: blocks verified ahead, or a switch of modes (the
     # adaptive controller chooses for itself whether either pays)
-    if name != "adaptive-pipelined":
+    if not name.startswith("adaptive"):
         assert (switched if name == "switching" else ahead_used) > 0
 
 

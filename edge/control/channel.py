@@ -86,6 +86,15 @@ class ChannelEstimator:
             self._fit_slope(b - self._prev[0], net - self._prev[1])
         self._prev = (b, net)
 
+    def observe_latency(self, net_s: float, bytes_up: float) -> None:
+        """A round that saw the link's latency without a verdict (a cloud-generates run: its
+        send -> first token, less the verifier's time for it): moves L like a verified round,
+        leaves the slope (one small message says nothing about the uplink's cost per byte)."""
+        self.offline = False
+        self.rounds += 1
+        self._net_fast.add(net_s, self.alpha)
+        self._b_fast.add(bytes_up, self.alpha)
+
     def _fit_slope(self, db: float, dn: float) -> None:
         """Least squares through the origin on consecutive differences: a change of latency
         touches one difference only, while bytes vary round to round (the controller dithers

@@ -436,8 +436,8 @@ class Engine:
 def build_stats(result: GenerationResult, emitted: _Emitted, wall_s: float, backend: str,
                 trace: bool) -> TandemStats:
     """Tandem's stats of one generation, from the client's round log (tandem.metrics formulas).
-    Token counts are what on_tokens saw (a stop string may end the text inside a chunk)."""
-    answered = result.verified_rounds
+    Token counts are what on_tokens saw (a stop string may end the text inside a chunk). The
+    trace has the verified rounds and the cloud runs (the adaptive controller's other option)."""
     n_tokens = len(emitted.token_ids)
     n_verified = sum(emitted.verified)
     return TandemStats(
@@ -455,8 +455,10 @@ def build_stats(result: GenerationResult, emitted: _Emitted, wall_s: float, back
         trace=[RoundTrace(t_s=r.t_start_s + r.draft_s + r.send_s + r.rtt_s, draft_length=r.drafted,
                           accepted=r.accepted or 0, rtt_ms=r.rtt_s * 1000.0,
                           server_ms=(r.server_queue_s + r.server_forward_s + r.server_verify_s)
-                          * 1000.0)
-               for r in answered] if trace else None)
+                          * 1000.0, mode=r.mode, tokens=r.committed)
+               for r in result.rounds_log
+               if (r.mode == "verify" and r.accepted is not None)
+               or (r.mode == "cloud" and r.committed)] if trace else None)
 
 
 class TextStream:

@@ -351,6 +351,10 @@ class RoundTrace(BaseModel):
     accepted: int
     rtt_ms: float = Field(description="Draft sent -> Verdict received, the verifier's time included")
     server_ms: float | None = Field(None, description="the verifier's queue + forward + verify time")
+    mode: str = Field("verify", description="verify: a drafted block the verifier checked; cloud: "
+                                            "a run the verifier generated itself (draft_length 0, "
+                                            "rtt_ms to its first token)")
+    tokens: int = Field(0, description="tokens the round committed")
 
 
 class TandemStats(BaseModel):
