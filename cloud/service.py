@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "tandem.v1.Decoding"
 # so_reuseport off: a second server on a port in use fails to bind instead of silently
 # sharing it (the kernel would split connections between the two). Keepalive pings from
-# edges (edge/link.py: every 20 s or more, also between calls) are allowed, not answered
+# edges (edge/link/channel.py: every 20 s or more, also between calls) are allowed, not answered
 # with GOAWAY "too many pings".
 SERVER_SOCKET_OPTIONS = (("grpc.so_reuseport", 0),
                          ("grpc.keepalive_permit_without_calls", 1),

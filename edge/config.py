@@ -181,7 +181,7 @@ class ClientConfig(Settings):
     policy: str = Field("fixed", description="draft policy by name: fixed (draft_length every "
                         "round), adaptive, or a peer's rule (edge/control)")
     draft_ahead: bool = Field(False, description="pipelining: draft the next block while the "
-                              "current one is being verified (edge/pipeline.py)")
+                              "current one is being verified (edge/rounds/pipelined.py)")
     send_ahead: int = Field(1, ge=1, le=8, description="pipelining: most blocks in flight (1 = "
                             "none; also capped by the verifier's max_in_flight); fixed uses it "
                             "every round, adaptive chooses up to it on long RTTs")
@@ -221,7 +221,7 @@ class ClientConfig(Settings):
     round_timeout_s: float = Field(30.0, gt=0, le=600, description=(
         "a reply (Verdict, generated token) still missing this long, although the verifier "
         "answers probes, fails the round and the stream is re-opened; a slow reply is waited "
-        "for until then (edge/link.py WaitRule)"))
+        "for until then (edge/link/verifier.py WaitRule)"))
     stall_timeout_s: float = Field(3.0, gt=0, le=600, description=(
         "the link counts as down when nothing came from the verifier, neither on the stream "
         "nor as an answer to a probe, for this long (besides transport errors: connect "
@@ -249,7 +249,7 @@ class ClientConfig(Settings):
     max_evictions_per_round: int = Field(8, ge=1, le=1000,
                                          description="re-opens after Evicted for one round "
                                                      "before the link counts as broken")
-    # --- the offline policy (edge/control/offline.py, edge/link_monitor.py) ---------------------
+    # --- the offline policy (edge/link/offline.py, edge/link/monitor.py) ---------------------
     target_digest: str = Field("", pattern=r"^(sha256:[0-9a-f]{64})?$", description=(
         "pin the verifier's target: its identity digest (tandem-cloud info: target.digest); "
         "every open and re-open must report it, else the request fails naming both; empty = "

@@ -455,7 +455,7 @@ def test_a_slow_draft_means_k_zero_and_probes_find_it_fast_again():
 
 
 def test_the_draft_is_not_prefilled_for_a_generation_the_cloud_will_write():
-    """prefill_first (edge/loop.py asks it before a generation): not after choosing cloud runs,
+    """prefill_first (edge/generation.py asks it before a generation): not after choosing cloud runs,
     even when the generation ended on a one-token round (no cloud run possible there); the
     deferred prefill is charged to speculation's first round."""
     policy = adaptive(cloud_generate=True)

@@ -34,7 +34,7 @@ whose price integrates the excess of each round's passes over CAP_MARGIN x cap x
 drives it to CAP_PRICE_MAX, where the fewest passes per token win), and a cloud run is cut to
 what the running surplus pays for, CAP_RESERVE_PASSES kept. Losslessness does not depend on
 the choice: every option commits only tokens the target chose or accepted. Generating locally without the verifier is
-the loop's offline path (edge/control/offline.py), never chosen here: a lossless request has
+the loop's offline path (edge/link/offline.py), never chosen here: a lossless request has
 no unverified option.
 
 Re-deciding as the link changes: a cloud run measures the link too (send -> first token, less

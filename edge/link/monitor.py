@@ -66,7 +66,7 @@ class LinkMonitor:
                  fingerprint: str = "", model: str = "",
                  interval_up_s: float = 2.0, interval_down_s: float = 0.25,
                  timeout_s: float = 1.0) -> None:
-        """address / tls: the link's, so a TLS mismatch can be named (link_errors.probe_tls)."""
+        """address / tls: the link's, so a TLS mismatch can be named (edge/link/errors.py probe_tls)."""
         self.stub = pb_grpc.DecodingStub(channel)
         self.address = address
         self.tls = tls
