@@ -11,12 +11,13 @@ import torch
 from cloud.batcher import Batcher
 from cloud.errors import Unavailable
 from cloud.runtime.target import TargetRuntime
+from verifier_harness import TEST_DEVICE
 
 
 @pytest.fixture(scope="module")
 def runtime(target_dir) -> TargetRuntime:
     torch.set_num_threads(1)
-    return TargetRuntime(target_dir, device="cpu")
+    return TargetRuntime(target_dir, device=TEST_DEVICE)
 
 
 def _prefilled(runtime: TargetRuntime, tokens: list[int]):

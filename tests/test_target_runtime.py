@@ -10,6 +10,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from cloud.runtime.target import TargetRuntime
+from verifier_harness import TEST_DEVICE
 
 ATOL = 1e-5
 
@@ -137,7 +138,7 @@ def test_loads_and_batches_another_architecture(tmp_path, target_dir):
     GPT2LMHeadModel(config).save_pretrained(model_dir)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(target_dir / name, model_dir / name)
-    runtime = TargetRuntime(model_dir, device="cpu", dtype="float32")
+    runtime = TargetRuntime(model_dir, device=TEST_DEVICE, dtype="float32")
     assert runtime.max_context == 128 and runtime.vocab_size == 4096
 
     contexts = [[7, 8, 9, 10, 11, 12], [100, 200, 300], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
@@ -152,7 +153,7 @@ def test_the_pool_grows_without_changing_what_sessions_hold(target_dir, contexts
     """A pool of 1 slot x 16 positions: more sessions and longer contexts reallocate it; every
     session's next rows still equal a plain full forward, and released slots are reused."""
     from cloud.runtime.kv import KVPool
-    runtime = TargetRuntime(target_dir, device="cpu")
+    runtime = TargetRuntime(target_dir, device=TEST_DEVICE)
     runtime.pool = KVPool(runtime.device, runtime.max_context, slots=1, capacity=16)
     long_context = (contexts[0] + contexts[2] + contexts[4]) * 2                  # 256 tokens
     states = [runtime.new_state() for _ in range(3)]

@@ -4,6 +4,7 @@ loopback socket, edge clients with real draft runtimes, and the reference the ou
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import grpc
@@ -21,6 +22,11 @@ from edge.runtime import DraftConfig, DraftRuntime, load_draft_runtime
 from edge.tokenizer import EdgeTokenizer
 
 BACKENDS = ("llama.cpp", "onnxruntime", "torch")
+# The same tests on other hardware: TANDEM_TEST_DEVICE=cuda puts the verifier's target on the
+# GPU (the reference stays transformers on the CPU); TANDEM_TEST_DRAFT_BACKEND=torch drafts with
+# that runtime wherever a test asks for another (a host without llama.cpp).
+TEST_DEVICE = os.environ.get("TANDEM_TEST_DEVICE", "cpu")
+TEST_DRAFT_BACKEND = os.environ.get("TANDEM_TEST_DRAFT_BACKEND", "")
 
 
 def start_verifier(runtime: TargetRuntime, *, port: int = 0, window_ms: float = 0.0,
@@ -32,7 +38,7 @@ def start_verifier(runtime: TargetRuntime, *, port: int = 0, window_ms: float = 
     config = CloudConfig(
         server=ServerSettings(host="127.0.0.1", port=port, api_keys=api_keys, shutdown_grace_s=0,
                               tls_cert=cert, tls_key=key),
-        model=ModelSettings(path=runtime.model_dir, device="cpu"),
+        model=ModelSettings(path=runtime.model_dir, device=TEST_DEVICE),
         limits=LimitSettings(**limits), batch=BatchSettings(window_ms=window_ms))
     server, bound = create_server(config, runtime)
     server.start()
@@ -41,6 +47,7 @@ def start_verifier(runtime: TargetRuntime, *, port: int = 0, window_ms: float = 
 
 def open_draft(backend: str, draft_dir: Path, gguf_path: Path, onnx_path: Path,
                threads: int = 1) -> DraftRuntime:
+    backend = TEST_DRAFT_BACKEND or backend
     path = {"llama.cpp": gguf_path, "onnxruntime": onnx_path, "torch": draft_dir}[backend]
     return load_draft_runtime(DraftConfig(backend=backend, model_path=path, tokenizer_dir=draft_dir,
                                           n_ctx=1024, threads=threads))
@@ -77,7 +84,7 @@ class Reference:
 # Loaded once per process: the test modules that import these fixtures share them.
 @functools.cache
 def _target_runtime(target_dir: Path) -> TargetRuntime:
-    return TargetRuntime(target_dir, device="cpu")
+    return TargetRuntime(target_dir, device=TEST_DEVICE)
 
 
 @functools.cache
