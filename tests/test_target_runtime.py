@@ -12,7 +12,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from cloud.runtime.target import TargetRuntime
 from verifier_harness import TEST_DEVICE
 
-ATOL = 1e-5
+# float32 rows of the same positions computed in differently shaped passes: equal to ~1e-6 on
+# the CPU; CUDA picks other kernels per shape (measured on an H200: 1.05e-5 apart).
+ATOL = 1e-5 if TEST_DEVICE == "cpu" else 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +148,7 @@ def test_loads_and_batches_another_architecture(tmp_path, target_dir):
     runtime.forward([(state, context[:-2]) for state, context in zip(states, contexts)])
     batched = runtime.forward([(state, context[-2:]) for state, context in zip(states, contexts)])
     for context, scores in zip(contexts, batched):
-        assert (scores - _full_logits(runtime, context)[-2:]).abs().max() < ATOL
+        assert (scores.float().cpu() - _full_logits(runtime, context)[-2:]).abs().max() < ATOL
 
 
 def test_the_pool_grows_without_changing_what_sessions_hold(target_dir, contexts):
