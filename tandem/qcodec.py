@@ -212,7 +212,8 @@ class QCodec:
             q = self._decode_words(words, tokens)
         except InvalidDistribution:
             raise
-        except (ValueError, TypeError, OverflowError, RuntimeError) as exc:
+        except (ValueError, TypeError, OverflowError, RuntimeError, AssertionError) as exc:
+            # constriction reports data its model cannot decode with an AssertionError.
             raise InvalidDistribution(f"undecodable coded q: {exc}") from None
         if self._encode(tokens, q, [_LEVEL_OF[dist.weights] for dist in q]) != data:
             raise InvalidDistribution("coded q has trailing, missing or non-canonical bytes")

@@ -98,6 +98,22 @@ def test_any_block_the_draft_can_make_round_trips_exactly(block, uniform):
     assert _same(codec.decode(data, tokens), q)
 
 
+def test_a_flipped_word_the_coder_cannot_decode_is_refused():
+    """Found by a random run of the flip test below: constriction raises AssertionError for
+    data its model cannot decode; it must come out as InvalidDistribution (INVALID_ARGUMENT)."""
+    pairs = [[(1984, 0.69), (370, 0.46), (1290, 0.27), (29, 0.26), (2694, 0.97), (2650, 0.24),
+              (2535, 0.22), (1498, 0.5), (3126, 0.08), (2284, 0.5), (1646, 0.25)],
+             [(40, 0.09), (735, 0.14), (341, 0.39), (2454, 0.3), (1907, 0.08), (1271, 0.66),
+              (3190, 0.76), (4048, 0.15), (1185, 0.04), (3516, 0.73), (1141, 0.91), (131, 0.83),
+              (1883, 0.09), (342, 0.13)]]
+    q = [SHIPPED.quantize(_dense(p)) for p in pairs]
+    tokens = [int(d.ids[-1]) for d in q]
+    words = np.frombuffer(SHIPPED.encode(tokens, q), dtype="<u4").copy()
+    words[2] ^= np.uint32(1)  # the model cannot decode this word: constriction asserts
+    with pytest.raises(InvalidDistribution, match="undecodable"):
+        SHIPPED.decode(words.tobytes(), tokens)
+
+
 @PROFILE
 @given(data=st.binary(max_size=64), tokens=st.lists(st.integers(0, VOCAB - 1), max_size=6))
 def test_any_bytes_decode_to_valid_q_or_are_refused(data, tokens):
