@@ -130,3 +130,63 @@ def test_identity_checks_pin_and_mid_generation_change():
         check_identity(b, "", "sha256:aaaa")
     with pytest.raises(IdentityMismatch, match="does not report"):
         check_identity(None, "sha256:aaaa", None)
+
+
+# --- the wait rule (edge/link/verifier.py), with a stream that never answers ---------------------
+class _SilentStream:
+    """A live stream whose verdict never comes (RecvTimeout each poll)."""
+    abandoned = False
+
+    def recv(self, timeout_s: float, cancel_on_timeout: bool = True):
+        from edge.link.stream import RecvTimeout
+        raise RecvTimeout()
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+
+def _answered_probe(_timeout_s: float):
+    import concurrent.futures
+    future = concurrent.futures.Future()
+    future.set_result(pb.InfoReply())
+    return future
+
+
+def _silent_probe(_timeout_s: float):
+    import concurrent.futures
+    return concurrent.futures.Future()  # never done: nobody answers
+
+
+def test_a_late_reply_is_waited_for_while_probes_are_answered():
+    """Slow is not down: with every probe answered the wait ends only at the cap, however
+    long past late_s and stall_s it runs."""
+    from edge.link.stream import LinkDown
+    from edge.link.verifier import WaitRule
+    rule, stream = WaitRule(stall_s=0.2, cap_s=0.6, probe_every_s=0.02), _SilentStream()
+    with pytest.raises(LinkDown, match="although the verifier answers probes"):
+        rule.recv(stream, late_s=0.05, should_stop=lambda: False, probe=_answered_probe)
+    assert stream.abandoned
+
+
+def test_silence_on_the_stream_and_to_probes_is_down():
+    from edge.link.stream import LinkDown
+    from edge.link.verifier import WaitRule
+    rule = WaitRule(stall_s=0.2, cap_s=30.0, probe_every_s=0.02)
+    with pytest.raises(LinkDown, match="on the stream or to a probe, for 0.2 s"):
+        rule.recv(_SilentStream(), late_s=0.05, should_stop=lambda: False, probe=_silent_probe)
+
+
+def test_a_link_slower_than_the_stall_bound_gets_its_own_pace():
+    """late_s past stall_s (a far link's measured pace): silence counts as down only after
+    late_s, and probing starts at half of it."""
+    from edge.link.stream import LinkDown
+    from edge.link.verifier import WaitRule
+    asked: list[float] = []
+
+    def probe(timeout_s: float):
+        asked.append(timeout_s)
+        return _silent_probe(timeout_s)
+    rule = WaitRule(stall_s=0.1, cap_s=30.0, probe_every_s=0.02)
+    with pytest.raises(LinkDown, match="for 0.4 s"):
+        rule.recv(_SilentStream(), late_s=0.4, should_stop=lambda: False, probe=probe)
+    assert asked == [0.4]  # one probe, given the whole window

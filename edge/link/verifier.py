@@ -48,7 +48,8 @@ class WaitRule:
     - Down only on transport evidence: the call fails (connect failure, reset, an HTTP/2
       keepalive ping unanswered: gRPC ends the call with UNAVAILABLE), or nothing came from the
       verifier, neither on the stream nor as an answer to a probe, for `stall_s` (a stalled
-      process or a dead path that TCP has not noticed yet).
+      process or a dead path that TCP has not noticed yet) — or for late_s, when the link's
+      own measured pace makes that longer (probing then starts at half of it).
     - `cap_s`: a reply still missing this long although the verifier answers its probes fails
       the round (alive, but not answering this stream); the loop re-opens.
     """
@@ -64,9 +65,12 @@ class WaitRule:
         of life, failed after cap_s (default: this rule's). Raises LinkDown (the stream
         abandoned), Stopped when should_stop() turns true."""
         cap_s = self.cap_s if cap_s is None else cap_s
+        # A link whose measured RTT makes replies late only after stall_s (a slow, far link)
+        # gets as long as late_s without a sign of life, and is probed from half of it.
+        stall_s = max(self.stall_s, late_s)
         started = time.monotonic()
         heard = started              # the last sign of life: the send, or a probe answered
-        next_probe = started + late_s
+        next_probe = started + min(late_s, stall_s / 2)
         asked: grpc.Future | None = None
         try:
             while True:
@@ -82,11 +86,11 @@ class WaitRule:
                         heard = now
                     asked, next_probe = None, now + self.probe_every_s
                 if asked is None and now >= next_probe:
-                    asked = probe(self.stall_s)
-                if now - heard >= self.stall_s:
+                    asked = probe(stall_s)
+                if now - heard >= stall_s:
                     stream.abandon()
                     raise LinkDown(f"no answer from the verifier, on the stream or to a probe, "
-                                   f"for {self.stall_s:.3g} s")
+                                   f"for {stall_s:.3g} s")
                 if now - started >= cap_s:
                     stream.abandon()
                     raise LinkDown(f"no reply on the stream within {cap_s:.3g} s although the "
