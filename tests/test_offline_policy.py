@@ -190,3 +190,66 @@ def test_a_link_slower_than_the_stall_bound_gets_its_own_pace():
     with pytest.raises(LinkDown, match="for 0.4 s"):
         rule.recv(_SilentStream(), late_s=0.4, should_stop=lambda: False, probe=probe)
     assert asked == [0.4]  # one probe, given the whole window
+
+
+# --- what a failure tells the monitor, and the wait budget -----------------------------------------
+class _UpMonitor:
+    """A link monitor that always sees the verifier answer, and records what it is told."""
+    state, ever_up, timeout_s = "up", True, 0.1
+
+    def __init__(self) -> None:
+        self.probes, self.reports = 0, []
+        self.status = type("Status", (), {"checked_s": 0.0, "state": "up", "detail": ""})()
+
+    def add_listener(self, listener):
+        return lambda: None
+
+    def probe(self):
+        self.probes += 1
+        return self.status
+
+    def report(self, state: str, detail: str = "") -> None:
+        self.reports.append(state)
+
+
+def _client_config(**fields):
+    from edge.config import ClientConfig
+    return ClientConfig(**fields)
+
+
+def test_a_silent_link_is_reported_down_without_probing_it_again():
+    """The WaitRule probed throughout the silence; a reset is checked with one probe."""
+    from edge.link.offline import OfflineControl
+    from edge.link.stream import LinkDown, LinkSilent
+    monitor = _UpMonitor()
+    control = OfflineControl(_client_config(), monitor)
+    control.failure(LinkSilent("no answer for 3 s"))
+    assert monitor.reports == ["down"] and monitor.probes == 0
+    control.failure(LinkDown("verifier unreachable: UNAVAILABLE: reset"))
+    assert monitor.reports == ["down"] and monitor.probes == 1
+
+
+def test_failed_opens_spend_the_wait_budget():
+    """offline: wait with a verifier that answers probes but whose every Open fails: the wait
+    ends within its budget (failed Opens count) instead of retrying for ever."""
+    import time as clock
+
+    from edge.link.offline import OfflineControl
+    from edge.link.reconnect import Reconnect
+    from edge.link.stream import LinkDown
+
+    class _RefusingLink:
+        opens = 0
+
+        def open(self, context, late_s, cap_s=None):
+            self.opens += 1
+            assert self.opens < 1000, "the wait never ended"
+            clock.sleep(0.01)
+            raise LinkDown("stream reset")
+
+    config = _client_config(offline="wait", offline_wait_s=0.2)
+    control = OfflineControl(config, _UpMonitor())
+    link = _RefusingLink()
+    reconnect = Reconnect(link, control, config, stopped=lambda: False)
+    assert reconnect.reopen_if_waiting([1, 2, 3]) is False
+    assert control.wait_s == 0.0 and 1 <= link.opens < 1000

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edge.link.stream import LinkSilent
 from edge.link.verifier import WaitRule
 
 Clock = Callable[[], float]
@@ -114,8 +115,9 @@ class RttEstimator:
         return min(max(deadline, s.deadline_floor_s), s.deadline_ceiling_s)
 
     def open_late_s(self, context_tokens: int) -> float:
-        """When Opened counts as late. An Open runs a prefill of the whole context: the server's time per token times the
-        context, plus the link's RTO; the configured open deadline until anything is known."""
+        """When Opened counts as late. An Open runs a prefill of the whole context: the
+        server's time per token times the context, plus the link's RTO; the configured open
+        deadline until anything is known."""
         s = self.settings
         if self.srtt is None or self.server_s_per_token is None:
             return s.open_deadline_s
@@ -266,9 +268,10 @@ class OfflineControl:
 
     def failure(self, error: Exception) -> None:
         """A round or an Open failed: open the breaker (honouring an overloaded verifier's
-        retry hint). With a monitor, an outage is checked at once with one Info probe (its
-        timeout is short): a verifier that is alive but slow (a busy batch) answers it, and the
-        round is retried instead of going local; a stalled or dead one does not."""
+        retry hint) and tell the monitor. A silent link (LinkSilent) was probed throughout the
+        wait and never answered: the monitor takes it as down. Any other failure (a reset, a
+        refused connection) is checked at once with one Info probe: a verifier that restarted
+        answers it and the round is retried instead of going local."""
         retry_after = getattr(error, "retry_after_s", None)
         overloaded = type(error).__name__ == "VerifierOverloaded"
         self.overloaded = overloaded
@@ -278,6 +281,9 @@ class OfflineControl:
         if overloaded:
             self.monitor.report("overloaded", str(error))
             self._up.clear()
+        elif isinstance(error, LinkSilent):
+            # Probing again would only block another stall bound on the same silence.
+            self.monitor.report("down", str(error))
         elif time.monotonic() - self.monitor.status.checked_s > self.monitor.timeout_s + 0.2:
             self.monitor.probe()  # (not when a probe just ran)
 

@@ -84,19 +84,23 @@ class Reconnect:
             return False
         while ctl.wait_s > 0:
             started = time.monotonic()
-            up = ctl.wait_for_link(ctl.wait_s, self.stopped)
-            ctl.wait_s -= time.monotonic() - started
-            if self.stopped():
-                raise Stopped()
-            if not up:
-                break
             try:
-                self.open(context)
-            except LinkDown as error:
-                ctl.failure(error)
-                continue
-            ctl.opened(self.link)
-            return True
+                up = ctl.wait_for_link(ctl.wait_s, self.stopped)
+                if self.stopped():
+                    raise Stopped()
+                if not up:
+                    break
+                try:
+                    self.open(context)
+                except LinkDown as error:
+                    ctl.failure(error)
+                    continue
+                ctl.opened(self.link)
+                return True
+            finally:
+                # The budget is wall time: failed Opens spend it too, so a verifier that
+                # answers probes but refuses every stream cannot hold the request forever.
+                ctl.wait_s -= time.monotonic() - started
         ctl.wait_s = 0.0
         return False
 

@@ -71,6 +71,11 @@ class LinkDown(Exception):
     """The stream broke or timed out; the client reconnects (internal, never escapes)."""
 
 
+class LinkSilent(LinkDown):
+    """Nothing came from the verifier, on the stream or to the probes the wait sent, for the
+    stall bound (edge/link/verifier.py WaitRule): the link is down, already probed."""
+
+
 class VerifierOverloaded(LinkDown):
     """RESOURCE_EXHAUSTED: the verifier is there but full; back off for retry_after_s."""
 

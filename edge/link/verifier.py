@@ -19,7 +19,7 @@ import grpc
 
 from edge.caps import verifier_vocab
 from edge.link.errors import IdentityMismatch, check_identity
-from edge.link.stream import (LinkDown, ProtocolError, RecvTimeout, SessionStream,
+from edge.link.stream import (LinkDown, LinkSilent, ProtocolError, RecvTimeout, SessionStream,
                               VerifierMisconfigured)
 from tandem.codec import InvalidDistribution, to_proto
 from tandem.qcodec import QCodec
@@ -89,8 +89,8 @@ class WaitRule:
                     asked = probe(stall_s)
                 if now - heard >= stall_s:
                     stream.abandon()
-                    raise LinkDown(f"no answer from the verifier, on the stream or to a probe, "
-                                   f"for {stall_s:.3g} s")
+                    raise LinkSilent(f"no answer from the verifier, on the stream or to a "
+                                     f"probe, for {stall_s:.3g} s")
                 if now - started >= cap_s:
                     stream.abandon()
                     raise LinkDown(f"no reply on the stream within {cap_s:.3g} s although the "
