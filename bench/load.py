@@ -159,7 +159,7 @@ class System:
     pids: dict[str, int]
 
 
-def _wait_until(ready, process: subprocess.Popen | None, what: str, timeout_s: float,
+def wait_until(ready, process: subprocess.Popen | None, what: str, timeout_s: float,
                 log_path: Path | None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -201,25 +201,25 @@ def spawn_system(streams: int, *, log_dir: Path, cloud_args: Sequence[str] = (),
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                        env=env)
             processes[name] = process
-            stack.callback(_stop, process)
+            stack.callback(stop_process, process)
             return process
 
         cloud = start("verifier", [str(bin_dir / "tandem-cloud"), "serve", "--host", "127.0.0.1",
                                    "--port", str(cloud_port), "--log-level", "WARNING",
                                    *cloud_args])
-        _wait_until(lambda: cloud_info(cloud_address, 1.0), cloud, "the verifier",
+        wait_until(lambda: cloud_info(cloud_address, 1.0), cloud, "the verifier",
                     start_timeout_s, log_dir / "verifier.log")
         daemon = start("daemon", [str(bin_dir / "tandem-edge"), "serve", "--host", "127.0.0.1",
                                   "--port", str(http_port), "--cloud", cloud_address,
                                   "--set", f"daemon.pool_size={streams}",
                                   "--set", f"daemon.max_waiting={max(64, streams)}", *edge_args])
         url = f"http://127.0.0.1:{http_port}"
-        _wait_until(lambda: httpx.get(url + "/healthz", timeout=1.0).status_code == 200, daemon,
+        wait_until(lambda: httpx.get(url + "/healthz", timeout=1.0).status_code == 200, daemon,
                     "the daemon", start_timeout_s, log_dir / "daemon.log")
         yield System(cloud_address, url, {name: p.pid for name, p in processes.items()})
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop_process(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.terminate()
         try:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.load import ROOT, _stop, _wait_until, free_port
+from bench.load import ROOT, free_port, stop_process, wait_until
 from bench.workload import load_prompts
 from edge.daemon.responses import VERIFIED_FRACTION_HEADER
 
@@ -55,7 +55,7 @@ def busy_loops(stack: ExitStack, n: int) -> list[int]:
     pids = []
     for _ in range(n):
         process = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
-        stack.callback(_stop, process)
+        stack.callback(stop_process, process)
         pids.append(process.pid)
     return pids
 
@@ -94,7 +94,7 @@ def run_race(*, requests: int, concurrency: int, max_tokens: int = 16, temperatu
         def start(name: str, argv: list[str]) -> subprocess.Popen:
             log = stack.enter_context((log_dir / f"{name}.log").open("wb"))
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-            stack.callback(_stop, process)
+            stack.callback(stop_process, process)
             return process
 
         def start_verifier() -> subprocess.Popen:
@@ -108,7 +108,7 @@ def run_race(*, requests: int, concurrency: int, max_tokens: int = 16, temperatu
                                   "--set", "daemon.max_waiting=100000", *edge_args])
         if order == "together":
             start_verifier()
-        _wait_until(lambda: httpx.get(url + "/v1/models", timeout=1.0).status_code == 200,
+        wait_until(lambda: httpx.get(url + "/v1/models", timeout=1.0).status_code == 200,
                     daemon, "the daemon", start_timeout_s, log_dir / "daemon.log")
         health = [httpx.get(url + "/health", timeout=5.0).status_code]
         t0 = time.monotonic()

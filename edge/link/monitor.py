@@ -44,7 +44,6 @@ class LinkStatus:
     since_s: float = 0.0           # monotonic time the state began
     checked_s: float = 0.0         # monotonic time of the last probe
     rtt_s: float | None = None     # the last Info round trip
-    failed_probes: int = 0         # consecutive probes without an answer
     target: str = ""               # "name (sha256:...)" of the last target seen
     probes: int = 0
 
@@ -172,11 +171,8 @@ class LinkMonitor:
         with self._lock:
             old = self._status
             now = time.monotonic()
-            failed = (old.failed_probes + 1 if state in (DOWN, OVERLOADED) and checked
-                      else old.failed_probes if checked is None else 0)
             status = LinkStatus(
                 state=state, detail=detail, since_s=old.since_s if old.state == state else now,
-                failed_probes=failed,
                 checked_s=checked if checked is not None else old.checked_s,
                 rtt_s=rtt if rtt is not None else old.rtt_s,
                 target=target if target is not None else old.target,
