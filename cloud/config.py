@@ -159,6 +159,11 @@ class VllmSettings(Settings):
         "most logits returned per row for sampled sessions; 0 = the whole vocabulary. A "
         "sampled session needs top_k + 1 per row (the whole vocabulary without top_k): one "
         "that needs more is refused at Open, naming the setting"))
+    scoring: Literal["auto", "per_round", "per_row"] = Field("auto", description=(
+        "how a round's rows are scored: auto = one request per round where the engine takes "
+        "prompt_logprob_token_ids (probed at start), else one request per row; per_round "
+        "skips the probe; per_row never tries. A refused per-round request falls back to "
+        "per row for good, saying so in the log"))
     seed: int = Field(0, description="vLLM's seed (its own sampling is not used: rows only)")
     engine_args: dict[str, Any] = Field(default_factory=dict, description=(
         "more vllm.AsyncEngineArgs fields, passed as they are (e.g. {quantization: fp8})"))

@@ -221,7 +221,7 @@ class ClientConfig(Settings):
     round_timeout_s: float = Field(30.0, gt=0, le=600, description=(
         "a reply (Verdict, generated token) still missing this long, although the verifier "
         "answers probes, fails the round and the stream is re-opened; a slow reply is waited "
-        "for until then (edge/link/verifier.py WaitRule)"))
+        "for until then (edge/link/wait.py WaitRule)"))
     stall_timeout_s: float = Field(3.0, gt=0, le=600, description=(
         "the link counts as down when nothing came from the verifier, neither on the stream "
         "nor as an answer to a probe, for this long (besides transport errors: connect "

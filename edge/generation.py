@@ -2,7 +2,7 @@
 
 One round: the caps (edge/caps.py) -> plan = gate(policy.plan(view)) (edge/fast_mode.py) ->
 an executor (edge/rounds/) -> draft, or take the block drafted ahead -> send, await the verdict
-under the one WaitRule (edge/link/verifier.py) -> apply: commit the accepted prefix and the
+under the one WaitRule (edge/link/wait.py) -> apply: commit the accepted prefix and the
 bonus token, stream them (edge/state.py) -> record: policy.update, on_round.
 
 The executors: sequential (one block, its verdict, re-opens), pipelined (draft-ahead,
@@ -94,12 +94,12 @@ class Generation:
             link.drop()
         finally:
             link.close("done")
-            r = state.result
-            r.bytes_up, r.bytes_down = link.bytes_up, link.bytes_down
-            r.draft_bytes_up, r.drafted_tokens = link.draft_bytes_up, link.drafted_tokens
-            r.q_encode_s = link.q_encode_s
+            r, totals = state.result, link.totals
+            r.bytes_up, r.bytes_down = totals.bytes_up, totals.bytes_down
+            r.draft_bytes_up, r.drafted_tokens = totals.draft_bytes_up, totals.drafted_tokens
+            r.q_encode_s = totals.q_encode_s
             r.wall_s = time.monotonic() - state.t0
-            r.reopens = max(link.opens - 1, 0)
+            r.reopens = max(totals.opens - 1, 0)
         return state.result
 
     def _round(self) -> None:

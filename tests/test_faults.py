@@ -45,7 +45,7 @@ from tandem.v1 import decoding_pb2 as pb
 ROOT = Path(__file__).resolve().parents[1]
 DEADLINE_S = 1.0        # ClientConfig.deadline_floor_s: a verdict is late (probing starts)
 STALL_S = 1.5           # ClientConfig.stall_timeout_s: no answer on the stream or to a probe
-                        # this long and the link is down (edge/link/verifier.py WaitRule)
+                        # this long and the link is down (edge/link/wait.py WaitRule)
 PAUSE_MARGIN_S = 0.75   # drafting, scheduling on a loaded 2-core machine
 RECOVERY_S = 2.0        # verifier answers again -> first verified token (monitor 0.1 s + open)
 THROTTLE_S = 0.004      # per token: a consumer slow enough that generations outlast a fault

@@ -132,7 +132,7 @@ def test_identity_checks_pin_and_mid_generation_change():
         check_identity(None, "sha256:aaaa", None)
 
 
-# --- the wait rule (edge/link/verifier.py), with a stream that never answers ---------------------
+# --- the wait rule (edge/link/wait.py), with a stream that never answers ---------------------
 class _SilentStream:
     """A live stream whose verdict never comes (RecvTimeout each poll)."""
     abandoned = False
@@ -161,7 +161,7 @@ def test_a_late_reply_is_waited_for_while_probes_are_answered():
     """Slow is not down: with every probe answered the wait ends only at the cap, however
     long past late_s and stall_s it runs."""
     from edge.link.stream import LinkDown
-    from edge.link.verifier import WaitRule
+    from edge.link.wait import WaitRule
     rule, stream = WaitRule(stall_s=0.2, cap_s=0.6, probe_every_s=0.02), _SilentStream()
     with pytest.raises(LinkDown, match="although the verifier answers probes"):
         rule.recv(stream, late_s=0.05, should_stop=lambda: False, probe=_answered_probe)
@@ -170,7 +170,7 @@ def test_a_late_reply_is_waited_for_while_probes_are_answered():
 
 def test_silence_on_the_stream_and_to_probes_is_down():
     from edge.link.stream import LinkDown
-    from edge.link.verifier import WaitRule
+    from edge.link.wait import WaitRule
     rule = WaitRule(stall_s=0.2, cap_s=30.0, probe_every_s=0.02)
     with pytest.raises(LinkDown, match="on the stream or to a probe, for 0.2 s"):
         rule.recv(_SilentStream(), late_s=0.05, should_stop=lambda: False, probe=_silent_probe)
@@ -180,7 +180,7 @@ def test_a_link_slower_than_the_stall_bound_gets_its_own_pace():
     """late_s past stall_s (a far link's measured pace): silence counts as down only after
     late_s, and probing starts at half of it."""
     from edge.link.stream import LinkDown
-    from edge.link.verifier import WaitRule
+    from edge.link.wait import WaitRule
     asked: list[float] = []
 
     def probe(timeout_s: float):

@@ -188,15 +188,12 @@ def test_the_link_codes_a_block_on_the_grid_and_sends_any_other_plain():
     """A session that negotiated the coded format still sends a block drafted for another one
     (plain-quantized before a re-open) as SparseDistributions; its own blocks go coded."""
     from edge.drafting import Block
-    from edge.link import VerifierLink
+    from edge.link.verifier import attach_q
     from tandem.codec import quantize
-    link = VerifierLink(None, (), session_id="s", target_model="", fingerprint="",
-                        sampling=SamplingParams(temperature=1.0), offered_codec=SHIPPED)
-    link.q_codec = SHIPPED
     probs = _dense([(3, 0.5), (9, 0.3), (11, 0.2)])
     for dist, coded in ((SHIPPED.quantize(probs), True), (quantize(probs), False)):
         draft = pb.Draft(tokens=[9])
-        link._add_q(draft, Block(tokens=[9], q=[dist]))
+        attach_q(draft, Block(tokens=[9], q=[dist]), SHIPPED)
         assert bool(draft.q_coded) == coded and len(draft.q) == (0 if coded else 1)
         back = SHIPPED.decode(draft.q_coded, [9])[0] if coded else dist
         assert back.ids.tolist() == dist.ids.tolist()

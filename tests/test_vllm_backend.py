@@ -65,7 +65,8 @@ class VllmVerifier:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
             start_new_session=True)
         self.lines: list[str] = []
-        self.scoring: str | None = None  # the line saying which scoring path the engine took
+        self.scoring_lines: list[str] = []  # "vLLM scoring:" lines: the path taken, fallbacks
+        self._scoring_said = threading.Condition()
         self.port: int | None = None
         self.ready = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -76,12 +77,25 @@ class VllmVerifier:
             self.lines.append(line.rstrip())
             del self.lines[:-400]  # vLLM logs a lot: keep the tail for failure messages
             if "vLLM scoring:" in line:
-                self.scoring = line.rstrip()
+                with self._scoring_said:
+                    self.scoring_lines.append(line.rstrip())
+                    self._scoring_said.notify_all()
             match = re.search(r"serving .* on 127\.0\.0\.1:(\d+)", line)
             if match and self.port is None:
                 self.port = int(match.group(1))
                 self.ready.set()
         self.ready.set()  # exited: wake the waiter, which sees no port
+
+    @property
+    def scoring(self) -> str | None:
+        """The line saying which scoring path the engine took at start."""
+        return self.scoring_lines[0] if self.scoring_lines else None
+
+    def wait_for_scoring_line(self, text: str, timeout: float) -> bool:
+        """Whether a "vLLM scoring:" line containing text comes within timeout seconds."""
+        with self._scoring_said:
+            return self._scoring_said.wait_for(
+                lambda: any(text in line for line in self.scoring_lines), timeout)
 
     def wait_ready(self) -> int:
         if not self.ready.wait(START_TIMEOUT_S) or self.port is None:
@@ -136,6 +150,37 @@ def test_the_log_says_which_scoring_path_it_took(vllm_server):
     CUDA), one per row elsewhere (this CPU build: the V1 runner refuses the probe)."""
     assert vllm_server.scoring is not None, "no 'vLLM scoring:' line in the verifier's log"
     assert re.search(r"one request per (round|row)", vllm_server.scoring)
+
+
+def test_a_refused_per_round_path_falls_back_to_rows_exactly_and_says_so(
+        vllm_server, tmp_path, target_dir, prompt_ids, reference, draft_dir, gguf_path,
+        onnx_path):
+    """vllm.scoring: per_round pins the one-request-per-round path without the probe. An engine
+    that refuses it (this CPU build: the module's own server probed "per row") must still
+    answer every round exactly, per row from the first refusal on, with a warning; one that
+    takes it never falls back."""
+    refuses = "per row" in (vllm_server.scoring or "")
+    config = tmp_path / "cloud.yaml"
+    config.write_text(
+        "server: {host: 127.0.0.1, port: 0, shutdown_grace_s: 0}\n"
+        f"model: {{path: {target_dir}, backend: vllm}}\n"
+        "vllm: {scoring: per_round}\n")
+    server = VllmVerifier(config)
+    draft = open_draft("llama.cpp", draft_dir, gguf_path, onnx_path)
+    try:
+        client = client_for(channel_to(server.wait_ready()), draft, draft_length=4)
+        assert "one request per round (vllm.scoring: per_round)" in server.scoring
+        for ids in prompt_ids[20:23]:
+            result = client.generate(GenerationRequest(ids, 24))
+            assert all(result.verified)
+            assert result.token_ids == reference.greedy(ids, 24)
+        # The warning is logged before the first verdict is sent; 30 s covers the log pipe.
+        fell_back = server.wait_for_scoring_line("one request per row from now on",
+                                                 timeout=30 if refuses else 0)
+        assert fell_back == refuses, server.scoring_lines
+    finally:
+        draft.close()
+        server.stop()
 
 
 def test_info_names_the_vllm_backend(stub):

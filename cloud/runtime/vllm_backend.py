@@ -25,8 +25,10 @@ block, prompt_logprob_start = the first row read, prompt_logprob_token_ids = eve
 vocabulary for each prompt row read (raw logits, whole rows: the argmax for greedy, any top_k
 for sampling) and logprobs=-1 for the last row (the generated position), with the prefix
 cache read as for any request (rows before prompt_logprob_start are not needed). At start a
-probe request decides (capability check, not a version check); the log says which path was
-taken ("scoring: one request per round" or "scoring: one request per row"). Plain
+probe request decides (capability check, not a version check; vllm.scoring may pin either
+path); the log says which path was taken ("scoring: one request per round" or "... per row").
+A per-round request the engine refuses, or answers without its rows, is scored per row, and
+so is every round after it (a warning says so): a round is never lost to the faster path. Plain
 prompt_logprobs is never used: vLLM turns the prefix cache off for it and scores every row.
 The per-row requests keep the prefix cache on, and a re-opened session (after an eviction)
 finds its context still cached while vLLM has room.
@@ -190,10 +192,15 @@ class VllmBackend(TargetBackend):
         # The first request after start, and the first with logprobs, pay a warm-up of seconds.
         await self._request([1, 2, 3], self._greedy, 0)
         await self._request([1, 2, 3], params(logprobs=-1, flat_logprobs=True), 0)
-        self.per_round = await self._probe_per_round()
-        log.info("vLLM scoring: %s", "one request per round (prompt_logprob_token_ids, V2 "
-                 "model runner)" if self.per_round else "one request per row (this engine "
-                 "refused prompt_logprob_token_ids: V1 model runner)")
+        if settings.scoring == "auto":
+            self.per_round = await self._probe_per_round()
+            why = "prompt_logprob_token_ids, V2 model runner" if self.per_round else \
+                "this engine refused prompt_logprob_token_ids: V1 model runner"
+        else:
+            self.per_round = settings.scoring == "per_round"
+            why = f"vllm.scoring: {settings.scoring}"
+        log.info("vLLM scoring: one request per %s (%s)", "round" if self.per_round else "row",
+                 why)
 
     async def _probe_per_round(self) -> bool:
         """Whether this engine scores chosen prompt rows in one request (capability check)."""
@@ -320,45 +327,67 @@ class VllmBackend(TargetBackend):
         if rows == 0:  # a prefill: only the prefix cache is wanted
             await self._request(prefix + tokens, self._greedy, rank)
             logits = torch.empty((0, self.vocab_size))
-        elif self.per_round:
-            logits = await self._score_round(prefix, tokens, n - rows, rank)
         else:
-            first = n - rows
-            # Rows the caller does not read stay NaN (never computed).
-            logits = torch.full((n, self.vocab_size), math.nan)
-            logits[first:] = -math.inf
-            if params.greedy:
-                outputs = await asyncio.gather(*(
-                    self._request(prefix + tokens[: j + 1], self._greedy, rank)
-                    for j in range(first, n)))
-                for j, output in zip(range(first, n), outputs):
-                    logits[j, output.outputs[0].token_ids[0]] = 0.0
-            else:
-                need = self._ids_per_row(params)
-                await asyncio.gather(*(self._fill_row(logits[j], prefix + tokens[: j + 1],
-                                                      params, need, rank)
-                                       for j in range(first, n)))
+            logits = await self._score_round(prefix, tokens, n - rows, rank) \
+                if self.per_round else None
+            if logits is None:
+                logits = await self._score_rows(params, prefix, tokens, n - rows, rank)
         return ForwardResult(logits=logits, queue_ms=(started - submitted) * 1000.0,
                              forward_ms=(time.perf_counter() - started) * 1000.0,
                              batch_size=in_flight + max(rows, 1))
 
-    async def _score_round(self, prefix: list[int], tokens: list[int], first: int,
-                           rank: int) -> torch.Tensor:
-        """Rows first..n-1 of a round in one request: [n, vocab], rows before first NaN."""
+    async def _score_rows(self, params: SamplingParams, prefix: list[int], tokens: list[int],
+                          first: int, rank: int) -> torch.Tensor:
+        """Rows first..n-1 of a round, one request each: [n, vocab], rows before first NaN
+        (never computed). A greedy row is its argmax alone (0 there, -inf elsewhere)."""
         n = len(tokens)
         logits = torch.full((n, self.vocab_size), math.nan)
-        output = await self._request(prefix + tokens, self._round_params(
-            len(prefix) + first, n - 1 - first), rank)
+        logits[first:] = -math.inf
+        if params.greedy:
+            outputs = await asyncio.gather(*(
+                self._request(prefix + tokens[: j + 1], self._greedy, rank)
+                for j in range(first, n)))
+            for j, output in zip(range(first, n), outputs):
+                logits[j, output.outputs[0].token_ids[0]] = 0.0
+        else:
+            need = self._ids_per_row(params)
+            await asyncio.gather(*(self._fill_row(logits[j], prefix + tokens[: j + 1],
+                                                  params, need, rank)
+                                   for j in range(first, n)))
+        return logits
+
+    async def _score_round(self, prefix: list[int], tokens: list[int], first: int,
+                           rank: int) -> torch.Tensor | None:
+        """Rows first..n-1 of a round in one request: [n, vocab], rows before first NaN; None
+        when the engine refused or answered without the rows (the caller scores per row)."""
+        n = len(tokens)
+        logits = torch.full((n, self.vocab_size), math.nan)
+        try:
+            output = await self._request(prefix + tokens, self._round_params(
+                len(prefix) + first, n - 1 - first), rank)
+        except Unavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a refusal: the per-row path still works
+            self._stop_per_round(f"the engine refused the request: {exc}")
+            return None
         if n - 1 - first:
             scored = getattr(output, "prompt_token_id_logprobs", None)
             if scored is None:
-                raise RuntimeError("vLLM returned no prompt_token_id_logprobs for a round "
-                                   "(was the request preempted?)")
+                self._stop_per_round("it answered without prompt_token_id_logprobs")
+                return None
             logits[first: n - 1] = _as_tensor(scored)
         ids, values = _flat_row(output.outputs[0].logprobs)
         logits[n - 1] = -math.inf
         logits[n - 1, ids] = values
         return logits
+
+    def _stop_per_round(self, why: str) -> None:
+        """Per row from now on: a path that failed once is not worth a second request per
+        round (the round in hand is scored per row)."""
+        if self.per_round:
+            self.per_round = False
+            log.warning("vLLM scoring: a per-round request failed (%s); one request per row "
+                        "from now on", why)
 
     async def _fill_row(self, row: torch.Tensor, prompt: list[int], params: SamplingParams,
                         need: int, rank: int) -> None:

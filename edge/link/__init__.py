@@ -3,16 +3,16 @@
   channel.py    the gRPC channel and its call metadata (API key, TLS, keepalive)
   stream.py     one Session call as send / receive-with-deadline; the client's error classes
   errors.py     what a failed call means: outage, overloaded, or misconfigured
-  verifier.py   VerifierLink: one generation's session (open, send, await, byte counts) and
-                the WaitRule of every wait
+  verifier.py   VerifierLink: one generation's session (open, send, await, byte counts)
+  wait.py       the WaitRule of every wait on the verifier (late is not down)
   offline.py    the offline policy: deadlines, circuit breaker, the request's offline mode
   reconnect.py  opening with retries and backoff, and what an unreachable verifier means for
                 the request (its offline mode)
   monitor.py    the background link monitor (is the verifier there?)
 """
 from edge.link.channel import api_key, call_metadata, channel_options, make_channel
-from edge.link.verifier import (STOP_POLL_S, Evicted, Sent, Stopped, VerifierLink, WaitRule,
-                                check_verdict)
+from edge.link.verifier import Evicted, Sent, VerifierLink, check_verdict
+from edge.link.wait import STOP_POLL_S, Stopped, WaitRule
 
 __all__ = ["STOP_POLL_S", "Evicted", "Sent", "Stopped", "VerifierLink", "WaitRule", "api_key",
            "call_metadata", "channel_options", "check_verdict", "make_channel"]

@@ -199,6 +199,6 @@ def start_monitor(config, channel: grpc.Channel, fingerprint: str = "") -> LinkM
                        interval_up_s=client.monitor_interval_up_s,
                        interval_down_s=client.monitor_interval_s,
                        # A probe unanswered this long is the same evidence as a silent
-                       # stream (edge/link/verifier.py WaitRule): a slow answer on a cellular
+                       # stream (edge/link/wait.py WaitRule): a slow answer on a cellular
                        # link is not an outage; a refused connection still is, at once.
                        timeout_s=client.stall_timeout_s).start()

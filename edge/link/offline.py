@@ -7,7 +7,7 @@ Three parts, each plain state with an injectable clock (no threads, no gRPC):
   (Jacobson/Karels, as TCP's RTO: srtt + 4 * rttvar), and the verifier's own reported time per
   round. `late_s(k)` = that RTO plus the server's time for a k-token block, times a margin,
   clamped to [floor, ceiling]: when a reply counts as late. Late is not down
-  (edge/link/verifier.py WaitRule): a late reply is waited for while the verifier answers
+  (edge/link/wait.py WaitRule): a late reply is waited for while the verifier answers
   probes; the link is down only on transport evidence or after stall_timeout_s without any
   sign of life.
 - `CircuitBreaker`, closed / open / half-open. Closed: rounds go to the verifier. A failure
@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge.link.stream import LinkSilent
-from edge.link.verifier import WaitRule
+from edge.link.wait import WaitRule
 
 Clock = Callable[[], float]
 
@@ -241,7 +241,7 @@ class OfflineControl:
 
     # --- deadlines ----------------------------------------------------------------------------
     def wait_rule(self) -> WaitRule:
-        """The link's WaitRule (edge/link/verifier.py): down after stall_timeout_s without a
+        """The link's WaitRule (edge/link/wait.py): down after stall_timeout_s without a
         sign of life, a reply still missing after round_timeout_s fails the round."""
         return WaitRule(stall_s=self.stall_s, cap_s=self.settings.deadline_ceiling_s,
                         probe_every_s=self.settings.probe_interval_s)

@@ -13,7 +13,8 @@ from edge.config import ClientConfig
 from edge.link.offline import OfflineControl, OfflineMode
 from edge.link.stream import (CloudUnavailable, LinkDown, VerifierMisconfigured,
                               VerifierUnavailable)
-from edge.link.verifier import Stopped, VerifierLink
+from edge.link.verifier import VerifierLink
+from edge.link.wait import Stopped
 
 
 class Reconnect:

@@ -73,7 +73,7 @@ class LinkDown(Exception):
 
 class LinkSilent(LinkDown):
     """Nothing came from the verifier, on the stream or to the probes the wait sent, for the
-    stall bound (edge/link/verifier.py WaitRule): the link is down, already probed."""
+    stall bound (edge/link/wait.py WaitRule): the link is down, already probed."""
 
 
 class VerifierOverloaded(LinkDown):
