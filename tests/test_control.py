@@ -129,7 +129,7 @@ def test_draft_speed_is_measured_per_decode_step():
         policy.update(RoundRecord(index=i, k_asked=k, drafted=k, accepted=0, mode="verify",
                                   verified=True, committed=1, draft_s=sync_s + step * (k - 1),
                                   sync_s=sync_s, sync_tokens=60 if prefill else 1, rtt_s=0.02))
-    assert policy.t_draft() == pytest.approx(step, rel=0.02)
+    assert policy.costs.t_draft() == pytest.approx(step, rel=0.02)
 
 
 def _ahead_checked(policy: AdaptivePolicy) -> AdaptivePolicy:
@@ -138,7 +138,7 @@ def _ahead_checked(policy: AdaptivePolicy) -> AdaptivePolicy:
 
     def checked(view: RoundView) -> Plan:
         chosen = plan(view)
-        assert not chosen.draft_ahead or policy.ahead_pays(chosen.k)
+        assert not chosen.draft_ahead or policy.costs.ahead_pays(chosen.k)
         return chosen
     policy.plan = checked
     return policy
@@ -154,12 +154,12 @@ def test_draft_ahead_only_where_it_pays():
                                                             adaptive=no_cloud)))
     run(slow_short, Link(latency_s=0.002, server_s=0.015), Draft(alpha=0.7, s_per_token=0.025),
         60, rng)
-    assert not slow_short.ahead_pays(4) and not slow_short.ahead_pays(8)
+    assert not slow_short.costs.ahead_pays(4) and not slow_short.costs.ahead_pays(8)
     fast_long = _ahead_checked(AdaptivePolicy(ClientConfig(policy="adaptive", draft_ahead=True,
                                                            adaptive=no_cloud)))
     log = run(fast_long, Link(latency_s=0.060, server_s=0.015), Draft(alpha=0.7, s_per_token=0.001),
               60, rng)
-    assert fast_long.ahead_pays(4) and fast_long.ahead_pays(8)
+    assert fast_long.costs.ahead_pays(4) and fast_long.costs.ahead_pays(8)
     assert all(plan.draft_ahead for plan, _ in log[-20:] if plan.k > 0)
 
 
@@ -184,8 +184,8 @@ def test_k_shrinks_when_the_uplink_collapses():
     before = steady_k(policy, Link(latency_s=0.050), draft, rng)
     after = steady_k(policy, Link(latency_s=0.050, seconds_per_byte=1 / 500), draft, rng,
                      rounds=120)
-    assert policy.channel.seconds_per_byte > 1e-3
-    assert policy.channel.latency_s == pytest.approx(0.050, rel=0.3)
+    assert policy.costs.channel.seconds_per_byte > 1e-3
+    assert policy.costs.channel.latency_s == pytest.approx(0.050, rel=0.3)
     assert after < before, (before, after)
 
 
@@ -194,7 +194,7 @@ def test_jitter_alone_is_not_a_slow_uplink():
     policy = adaptive()
     run(policy, Link(latency_s=0.040, jitter_s=0.020), Draft(alpha=0.9), 200, rng)
     # 20 ms of jitter on ~30 B blocks would be ~1 ms/B if fitted naively.
-    assert policy.channel.seconds_per_byte < 2e-4
+    assert policy.costs.channel.seconds_per_byte < 2e-4
 
 
 def test_device_budgets_are_respected():
@@ -304,7 +304,7 @@ def test_the_choice_follows_the_link():
     assert policy.last_choice["mode"] == "speculate"
     run(policy, Link(latency_s=0.300, server_s=0.030), draft, 20, rng)
     assert policy.last_choice["mode"] == "cloud"
-    assert policy.channel.latency_s == pytest.approx(0.300, rel=0.2)
+    assert policy.costs.channel.latency_s == pytest.approx(0.300, rel=0.2)
     log = run(policy, Link(latency_s=0.001, server_s=0.030), draft, 20, rng)
     assert policy.last_choice["mode"] == "speculate"
     assert not any(plan.cloud_generate for plan, _ in log[-10:])
@@ -406,7 +406,7 @@ def test_reaction_to_an_rtt_step_is_bounded(before, after):
     rng = random.Random(1)
     run(probe, Link(latency_s=before), draft, 50, rng)
     run(probe, Link(latency_s=after), draft, 7, rng)
-    assert abs(probe.channel.latency_s - after) <= 0.1 * abs(after - before)
+    assert abs(probe.costs.channel.latency_s - after) <= 0.1 * abs(after - before)
 
 
 @pytest.mark.parametrize("before, after", [(0.9, 0.4), (0.4, 0.9)])
@@ -434,11 +434,12 @@ def test_acceptance_prior_persists_between_sessions(tmp_path):
     run(first, Link(latency_s=0.030), Draft(alpha=0.3), 64, random.Random(10))  # saves at 32, 64
     assert path.is_file()
     second = adaptive(prior_path=path)  # a new session starts from what the first learned
-    assert second.acceptance.per_position()[0] == pytest.approx(
-        first.acceptance.per_position()[0], abs=0.05)
-    assert second.acceptance.per_position()[0] < 0.5 < adaptive().acceptance.per_position()[0]
+    assert second.costs.acceptance.per_position()[0] == pytest.approx(
+        first.costs.acceptance.per_position()[0], abs=0.05)
+    fresh = adaptive().costs.acceptance
+    assert second.costs.acceptance.per_position()[0] < 0.5 < fresh.per_position()[0]
     path.write_text("not json")
-    assert adaptive(prior_path=path).acceptance.observations() == 0  # ignored, with a warning
+    assert adaptive(prior_path=path).costs.acceptance.observations() == 0  # ignored, with a warning
 
 
 def test_a_slow_draft_means_k_zero_and_probes_find_it_fast_again():
@@ -469,4 +470,4 @@ def test_the_draft_is_not_prefilled_for_a_generation_the_cloud_will_write():
     first = RoundView(round=0, generated=0, remaining=48, max_k=32, link_state="up",
                       sampling=False, history=[], context_length=300)
     policy.plan(first)
-    assert policy.unsynced == 300 and policy.sync_seconds() > 0
+    assert policy.costs.unsynced == 300 and policy.costs.sync_seconds() > 0

@@ -27,7 +27,7 @@ SLOPE_Z = 2.0                   # a slope counts only what is this many std erro
 
 
 @dataclass
-class _Ewma:
+class Ewma:
     value: float | None = None
 
     def add(self, x: float, alpha: float) -> float:
@@ -39,12 +39,12 @@ class ChannelEstimator:
     def __init__(self, alpha: float = 0.3) -> None:
         self.alpha = alpha
         self.slope_alpha = alpha * SLOPE_SLOWDOWN
-        self.rtt = _Ewma()          # whole RTT, s
-        self.rtt_var = _Ewma()      # EWMA of squared deviation, s^2
-        self.server = _Ewma()       # verifier's own time per round, s
-        self._bb = _Ewma()          # E[db^2] over consecutive rounds (bytes up)
-        self._bn = _Ewma()          # E[db * dnet] (network RTT)
-        self._nn = _Ewma()          # E[dnet^2]
+        self.rtt = Ewma()          # whole RTT, s
+        self.rtt_var = Ewma()      # EWMA of squared deviation, s^2
+        self.server = Ewma()       # verifier's own time per round, s
+        self._bb = Ewma()          # E[db^2] over consecutive rounds (bytes up)
+        self._bn = Ewma()          # E[db * dnet] (network RTT)
+        self._nn = Ewma()          # E[dnet^2]
         self._pairs = 0
         self._prev: tuple[float, float] | None = None
         self.losses = 0             # rounds that needed a re-send (timeout, broken, evicted)
@@ -52,8 +52,8 @@ class ChannelEstimator:
         self.offline = False
         self.rounds = 0
         self._slope = PRIOR_SECONDS_PER_BYTE
-        self._net_fast = _Ewma()    # network RTT, at the RTT's own pace
-        self._b_fast = _Ewma()
+        self._net_fast = Ewma()    # network RTT, at the RTT's own pace
+        self._b_fast = Ewma()
 
     def update(self, record: RoundRecord) -> None:
         if record.mode == "local":

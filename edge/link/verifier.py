@@ -148,10 +148,10 @@ class VerifierLink:
         if ahead or in_flight > 1:  # unset on plain rounds: an older verifier reads them the same
             draft.ahead, draft.assumed_token, draft.in_flight = ahead, assumed_token, in_flight
         start += len(unverified)
-        t0 = time.perf_counter()
+        t_code = time.perf_counter()
         attach_q(draft, block, self.q_codec)
         if draft.q_coded:
-            self.totals.q_encode_s += time.perf_counter() - t0
+            self.totals.q_encode_s += time.perf_counter() - t_code
         size = self.stream.send(pb.ClientMessage(draft=draft))
         self.totals.bytes_up += size
         self.totals.draft_bytes_up += size
@@ -167,19 +167,10 @@ class VerifierLink:
         (send-ahead) only when allowed."""
         assert self.stream is not None, "await on a closed link"
         reply = self._recv(self.stream, late_s)
-        kind = reply.WhichOneof("kind")
-        if kind == "evicted":
-            raise Evicted()
-        if kind != "verdict":
-            raise ProtocolError(f"expected Verdict for round {sent.round}, got {kind}")
-        if reply.verdict.discarded:
-            if not allow_discarded or reply.verdict.round != sent.round:
-                raise ProtocolError(f"unexpected discarded verdict for round "
-                                    f"{reply.verdict.round} (awaiting {sent.round})")
-            return reply.verdict, reply.ByteSize()
-        check_verdict(reply.verdict, sent.round, sent.start, sent.k, self.limits)
-        self.server_context = sent.start + reply.verdict.accepted + 1
-        return reply.verdict, reply.ByteSize()
+        verdict = read_verdict(reply, sent, self.limits, allow_discarded)
+        if not verdict.discarded:
+            self.server_context = sent.start + verdict.accepted + 1
+        return verdict, reply.ByteSize()
 
     def send_generate(self, start: int, max_tokens: int, stop_ids: Sequence[int]) -> Sent:
         """Queue Generate (cloud-generates) on the open stream; returns at once."""
@@ -198,15 +189,7 @@ class VerifierLink:
         Raises Evicted, LinkDown, Stopped, VerifierRefused, ProtocolError."""
         assert self.stream is not None, "await on a closed link"
         reply = self._recv(self.stream, late_s)
-        kind = reply.WhichOneof("kind")
-        if kind == "evicted":
-            raise Evicted()
-        if kind != "generated" or reply.generated.round != sent.round:
-            raise ProtocolError(f"expected Generated for round {sent.round}, got {kind}")
-        generated = reply.generated
-        vocab = verifier_vocab(self.limits)
-        if vocab and generated.token >= vocab:
-            raise ProtocolError(f"generated token {generated.token} outside the vocabulary")
+        generated = read_generated(reply, sent, self.limits)
         self.server_context = generated.context_length
         return generated, reply.ByteSize()
 
@@ -232,6 +215,39 @@ class VerifierLink:
         if self.stream is not None:
             self.totals.bytes_up += self.stream.close(reason)
             self.stream = None
+
+
+def read_verdict(reply: pb.ServerMessage, sent: Sent, limits: pb.Limits | None,
+                 allow_discarded: bool) -> pb.Verdict:
+    """The verdict of `sent` in `reply`, checked. Raises Evicted, ProtocolError. A discarded
+    verdict (send-ahead) only when allowed."""
+    kind = reply.WhichOneof("kind")
+    if kind == "evicted":
+        raise Evicted()
+    if kind != "verdict":
+        raise ProtocolError(f"expected Verdict for round {sent.round}, got {kind}")
+    if reply.verdict.discarded:
+        if not allow_discarded or reply.verdict.round != sent.round:
+            raise ProtocolError(f"unexpected discarded verdict for round "
+                                f"{reply.verdict.round} (awaiting {sent.round})")
+        return reply.verdict
+    check_verdict(reply.verdict, sent.round, sent.start, sent.k, limits)
+    return reply.verdict
+
+
+def read_generated(reply: pb.ServerMessage, sent: Sent,
+                   limits: pb.Limits | None) -> pb.Generated:
+    """The next token of the Generate `sent` in `reply`, checked. Raises Evicted,
+    ProtocolError."""
+    kind = reply.WhichOneof("kind")
+    if kind == "evicted":
+        raise Evicted()
+    if kind != "generated" or reply.generated.round != sent.round:
+        raise ProtocolError(f"expected Generated for round {sent.round}, got {kind}")
+    vocab = verifier_vocab(limits)
+    if vocab and reply.generated.token >= vocab:
+        raise ProtocolError(f"generated token {reply.generated.token} outside the vocabulary")
+    return reply.generated
 
 
 def check_verdict(verdict: pb.Verdict, round_: int, start: int, k: int,

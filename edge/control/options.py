@@ -1,0 +1,97 @@
+"""The adaptive controller's options (edge/control/adaptive.py): every way to produce the next
+tokens it may choose among, each priced by the cost model (edge/control/costs.py)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edge.control.costs import DRAFT_OVERHEAD_BYTES, RoundCosts
+from edge.control.pass_cap import PassCap
+from edge.control.policy import RoundView
+
+if TYPE_CHECKING:
+    from edge.config import DeviceProfile
+
+UPLINK_SHARE_HIGH = 0.10          # q entries halve when the uplink takes more of a round
+UPLINK_SHARE_LOW = 0.02           # ... and double again below this
+CLOUD_LATENCY_SHARE = 0.10        # a cloud run is long enough that the link's latency is at
+                                  # most this share of its time
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to produce the next tokens, as the model expects it to go."""
+    kind: str                 # "speculate" | "cloud"
+    tokens: float             # expected committed tokens
+    seconds: float            # expected wall time
+    passes: float             # target forward passes
+    k: int = 0                # speculate: draft length
+    draft_ahead: bool = False
+    n: int = 0                # cloud: tokens asked
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+
+def within_budget(device: "DeviceProfile", costs: RoundCosts, k: int, drafted: int,
+                  generated: int) -> bool:
+    """Whether a block of k keeps to the device's draft-speed, draft-share and energy budgets
+    (drafted: tokens drafted so far in this generation, generated: tokens committed)."""
+    if k == 0:
+        return True
+    d = device
+    e = costs.expected_tokens(k)
+    if d.max_draft_tokens_per_s > 0 and k / costs.round_seconds(k) > d.max_draft_tokens_per_s:
+        return False
+    if d.max_draft_per_generated > 0 and \
+            drafted + k > d.max_draft_per_generated * (generated + e):
+        return False
+    if d.joules_budget_per_token > 0:
+        joules = (d.joules_per_draft_token * k + d.joules_per_byte_up * costs.block_bytes(k)
+                  + d.joules_per_byte_down * DRAFT_OVERHEAD_BYTES)
+        if joules / e > d.joules_budget_per_token:
+            return False
+    return True
+
+
+def speculations(costs: RoundCosts, view: RoundView, ks: list[int],
+                 draft_ahead: bool) -> list[Option]:
+    """A block of each k in ks, drafted ahead where that is allowed and pays."""
+    # The prefill is paid once, for every token speculation goes on to commit: its share per
+    # round is spread over what is left of the generation.
+    sync = costs.sync_seconds() / max(view.remaining, 1)
+    out = []
+    for k in ks:
+        tokens = costs.expected_tokens(k)
+        seconds = costs.round_seconds(k) + sync * min(tokens, view.remaining)
+        ahead = draft_ahead and k > 0 and costs.ahead_pays(k)
+        if ahead:
+            seconds -= costs.ahead_gain(k)
+        out.append(Option("speculate", tokens, seconds, 1.0, k=k, draft_ahead=ahead))
+    return out
+
+
+def cloud_run(costs: RoundCosts, cap: PassCap, remaining: int, fewest: int) -> Option | None:
+    """The cloud generating n tokens: the smallest run in which the link's latency is at most
+    CLOUD_LATENCY_SHARE of its time, at least `fewest`, at most what is left and, under a cap,
+    what its surplus pays for (none under 2 tokens)."""
+    share = CLOUD_LATENCY_SHARE
+    n = 1 + math.ceil((1.0 - share) / share * costs.cloud_latency_s() / costs.gen_seconds())
+    n = cap.cloud_tokens(min(max(n, fewest), remaining))
+    if cap.cap is not None and n < 2:
+        return None
+    return Option("cloud", float(n), costs.cloud_seconds(n), float(n), n=n)
+
+
+def adapt_q_entries(costs: RoundCosts, k: int, entries: int, fewest: int, most: int) -> int:
+    """Sparse-q entries per position for a block of k (sampling): halved when the uplink's
+    share of a round grows, doubled again when it shrinks (lossless either way: the draft
+    samples from exactly the q it sends)."""
+    share = costs.channel.seconds_per_byte * costs.block_bytes(k) / costs.round_seconds(k)
+    if share > UPLINK_SHARE_HIGH:
+        return max(entries // 2, fewest)
+    if share < UPLINK_SHARE_LOW:
+        return min(entries * 2, most)
+    return entries
