@@ -273,6 +273,20 @@ def test_a_close_race_is_a_tie_not_a_verdict():
     assert all(c.low < 0.95 < c.high for c in capped.cells)
 
 
+def test_capped_is_compared_with_the_fixed_k_that_keep_the_cap_too():
+    # on a phone the fastest fixed k spends more target passes than the cap allows
+    speeds = {("lan", "phone", "fixed-k1"): 70.0, ("lan", "phone", "fixed-k8"): 20.0,
+              ("lan", "phone", "adaptive-capped"): 22.0}
+    passes = {("lan", "phone", "fixed-k1"): 0.6, ("lan", "phone", "fixed-k8"): 0.3,
+              ("lan", "phone", "adaptive-capped"): 0.3}
+    by = {g.goal: g for g in goals(_generations(speeds, prompts=8, passes=passes), {"lan": 1.0})}
+    any_cost = by["adaptive-capped >= 0.95x the best fixed k"]
+    within = by["adaptive-capped >= 0.95x the best fixed k within 0.30 passes/token"]
+    assert [c.b for c in any_cost.cells] == ["fixed-k1"] and any_cost.verdict == "not met"
+    assert [c.b for c in within.cells] == ["fixed-k8"] and within.verdict == "met"
+    assert within.measured == pytest.approx(22 / 20, rel=0.03)
+
+
 def test_goals_without_the_configurations_they_need_say_so():
     speeds = {("lte", "phone", "fixed-k4"): 10.0, ("lte", "phone", "adaptive"): 12.0}
     result = goals(_generations(speeds), {"lte": 60.0})

@@ -120,10 +120,22 @@ def test_bench_writes_rows_goals_and_plots(tiny_bench, tmp_path, capsys):
         peer = next(g for name, g in goals.items() if name.startswith("adaptive >= 1.1x"))
         assert {c["cell"] for c in peer["cells"]} == {f"{HELD_OUT}/laptop", f"{HELD_OUT}/phone"}
     capped = [g for name, g in goals.items() if name.startswith("adaptive-capped")]
-    assert len(capped) == 2 and all(len(g["cells"]) == (4 if "adaptive-capped" in ran else 0)
-                                    for g in capped)
+    assert len(capped) == 3 and all(len(g["cells"]) == (4 if "adaptive-capped" in ran else 0)
+                                    for g in capped if "within" not in g["goal"])
+    within = next(g for g in capped if "within" in g["goal"])
+    assert all(by[(*c["cell"].split("/"), c["b"])]["passes_per_token"] <= 0.30 for c in within["cells"])
     markdown = (out / "bench.md").read_text()
     assert markdown.startswith("| channel | device | config |") and "| goal |" in markdown
     assert "95% CI" in markdown
     for png in ("bench_tokens_per_s.png", "bench_session_trace.png"):
         assert (out / png).read_bytes()[:8] == PNG_MAGIC
+
+    # the same table and goals again, reported from the generations file alone
+    again = tmp_path / "again"
+    assert main(["bench", "--config", str(config), "--channel", "configs/channels/lan.yaml",
+                 "--held-out-trace", str(trace), "--device", "laptop", "--device", str(device),
+                 "--prompts", "2", "--offsets", "2", "--from-generations", str(out / "gens.jsonl"),
+                 "--json", str(again / "bench.json"), "--plots", str(again)]) == 0
+    assert "reported from a generations file" in capsys.readouterr().out
+    reported = json.loads((again / "bench.json").read_text())
+    assert reported["rows"] == rows and reported["goals"] == result["goals"]

@@ -35,9 +35,13 @@ def add_parser(sub) -> None:
     bench.add_argument("--plots", type=Path, default=None, help=f"PNG directory (default {DEFAULT_OUT})")
     bench.add_argument("--markdown", type=Path, default=None,
                        help="also write the table and the goals as Markdown (for bench/README.md)")
-    bench.add_argument("--generations", type=Path, default=None, metavar="PATH.jsonl",
-                       help="append every generation's numbers here as it finishes (a long run "
-                            "that is stopped keeps what it measured)")
+    logs = bench.add_mutually_exclusive_group()
+    logs.add_argument("--generations", type=Path, default=None, metavar="PATH.jsonl",
+                      help="append every generation's numbers here as it finishes (a long run "
+                           "that is stopped keeps what it measured)")
+    logs.add_argument("--from-generations", type=Path, default=None, metavar="PATH.jsonl",
+                      help="run nothing: report the table and the goals of an earlier (or stopped) "
+                           "run from its --generations file; give the channel flags it ran with")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                        help="override any bench config key (repeatable; VALUE is read as YAML)")
@@ -72,7 +76,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"two channels with one name: {names}")
     devices = [load_device(config, name) for name in config.devices]
 
-    from bench.bench.results import format_goals, format_table
+    json_path = args.json if args.json is not None else DEFAULT_OUT / "bench.json"
+    plots_dir = args.plots if args.plots is not None else DEFAULT_OUT
+    if args.from_generations is not None:
+        from bench.bench.channels import offsets_of
+        from bench.bench.runner import BenchResult, report
+
+        result = BenchResult(generations=_read_generations(args.from_generations))
+        offsets = {p.name: offsets_of(p, config.channel_offsets.get(p.name, config.offsets))
+                   for p in channels}
+        return _print(report(result, config, channels, devices, offsets, json_path, plots_dir), args)
+
     from bench.bench.runner import run_bench  # loads torch / grpc only when benchmarking
 
     log_file = None
@@ -86,17 +100,38 @@ def run(args: argparse.Namespace) -> int:
             log_file.flush()
 
     try:
-        result = run_bench(config, channels, devices,
-                           json_path=args.json if args.json is not None else DEFAULT_OUT / "bench.json",
-                           plots_dir=args.plots if args.plots is not None else DEFAULT_OUT,
+        result = run_bench(config, channels, devices, json_path=json_path, plots_dir=plots_dir,
                            progress=not args.no_progress, on_generation=on_generation)
     finally:
         if log_file is not None:
             log_file.close()
+    return _print(result, args)
+
+
+def _read_generations(path: Path) -> list:
+    from bench.bench.results import Generation
+
+    if not path.is_file():
+        raise ConfigError(f"--from-generations: no file {path}")
+    out = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(Generation(**json.loads(line)))
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{path}:{number}: not a generation line ({e})") from None
+    if not out:
+        raise ConfigError(f"--from-generations: {path} holds no generations")
+    return out
+
+
+def _print(result, args: argparse.Namespace) -> int:
+    from bench.bench.results import details_of, format_goals, format_table
+
     print(format_table(result.rows))
     print("\ngoals (measured in this run):")
     print(format_goals(result.goals))
-    from bench.bench.results import details_of
     for d in details_of(result.generations):
         if d["unverified_share"] or d["reopens"]:
             print(f"note: {d['channel']}/{d['device']}/{d['config']}: {d['unverified_share']:.1%} "
@@ -109,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
         args.markdown.write_text(format_table(result.rows, markdown=True) + "\n\n"
                                  + format_goals(result.goals, markdown=True) + "\n")
         result.outputs.append(args.markdown)
-    print(f"\n{len(result.generations)} generations in {result.elapsed_s:.0f} s")
+    ran = f" in {result.elapsed_s:.0f} s" if result.elapsed_s else " (reported from a generations file)"
+    print(f"\n{len(result.generations)} generations{ran}")
     for path in result.outputs:
         print(f"wrote {path}")
     return 0

@@ -422,6 +422,14 @@ def goals(generations: Sequence[Generation], rtt_ms: dict[str, float], *, lte_ch
     out.append(_goal(name, 1.1, _ratio_cells(units, "adaptive", lambda cell: PEERS, 1.1, far)))
     name = "adaptive-capped >= 0.95x the best fixed k"
     out.append(_goal(name, 0.95, _ratio_cells(units, "adaptive-capped", fixed, 0.95)))
+
+    def fixed_within_cap(cell):  # a fixed k spending more than the cap is not an option under it
+        return [c for c in fixed(cell)
+                if (units.passes_per_token(cell, c).value or 0.0) <= cap_passes_per_token]
+
+    name = f"adaptive-capped >= 0.95x the best fixed k within {cap_passes_per_token:.2f} passes/token"
+    out.append(_goal(name, 0.95, _ratio_cells(units, "adaptive-capped", fixed_within_cap, 0.95),
+                     empty="no fixed k within the cap ran"))
     cells = []
     for cell in units.cells():
         if "adaptive-capped" in units.configs(cell):

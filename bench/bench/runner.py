@@ -152,9 +152,6 @@ def from_result(result: GenerationResult, keep_rounds: bool) -> dict:
 def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: Sequence[DeviceSpec],
               json_path: Path | None = None, plots_dir: Path | None = None,
               progress: bool = True, on_generation: Callable[[Generation], None] | None = None) -> BenchResult:
-    from bench.bench.plots import write_plots
-    from bench.bench.results import write_json
-
     started = time.monotonic()
     result = BenchResult()
     edge = edge_config_of(config)
@@ -216,6 +213,18 @@ def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: 
         server.stop(0).wait(30)
         base_draft.close()
 
+    result.elapsed_s = time.monotonic() - started
+    return report(result, config, channels, devices, offsets, json_path, plots_dir)
+
+
+def report(result: BenchResult, config: BenchConfig, channels: Sequence[ChannelProfile],
+           devices: Sequence[DeviceSpec], offsets: dict[str, list[float]],
+           json_path: Path | None = None, plots_dir: Path | None = None) -> BenchResult:
+    """Rows, goals, JSON and plots from result.generations: after a run, or from the
+    generations file of an earlier (or stopped) one."""
+    from bench.bench.plots import write_plots
+    from bench.bench.results import write_json
+
     stats = dict(resamples=config.resamples, confidence=config.confidence, seed=config.seed)
     result.rows = rows_of(result.generations, **stats)
     rtt = {p.name: 2.0 * p.delay_ms for p in channels}
@@ -224,7 +233,6 @@ def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: 
                          peer_rtt_ms=config.goal_rtt_ms, pipelining_rtt_ms=config.pipelining_goal_rtt_ms,
                          cap_passes_per_token=cap_of(config), **stats)
     result.trace, result.trace_title = _session_trace(result.generations, config.lte_channel)
-    result.elapsed_s = time.monotonic() - started
     if json_path is not None:
         write_json(json_path, result.rows, result.goals, {
             "config": config.model_dump(mode="json"),
