@@ -41,8 +41,12 @@ in edge/control/pass_cap.py; this module chooses, plans the round and feeds the 
 Re-deciding as the link changes: a cloud run measures the link too (send -> first token, less
 the verifier's time, feeds L), so speculation's estimate follows the link while the cloud
 generates; its other inputs (acceptance, draft speed) describe the draft and the text, and a
-speculative round is tried every CLOUD_EXPLORE_ROUNDS cloud runs in a row when it is within
-CLOUD_EXPLORE_RATIO of the cloud's rate.
+speculative round is tried every CLOUD_EXPLORE_ROUNDS cloud runs in a row when it is worth
+measuring again (edge/control/options.py worth_measuring): expected within CLOUD_EXPLORE_RATIO
+of the cloud's rate, or, while the acceptance rests on a few verified rounds, within
+THIN_EVIDENCE_RATIO of it at the prior acceptance. One rejected first block (0.7 -> 0.45 at
+position 0) must not make speculation look too slow ever to be measured again where the prior
+says it may win (measured on wifi/laptop before: stuck on cloud runs at 0.78x fixed k = 16).
 
 Confidence stop, from the same model: one more draft token at confidence p adds beta(p)
 expected tokens (beta = acceptance vs the draft's top probability, at best — when every earlier
@@ -67,7 +71,7 @@ from typing import TYPE_CHECKING
 
 from edge.control.costs import RoundCosts
 from edge.control.options import (Option, adapt_q_entries, cloud_run, speculations,
-                                  within_budget)
+                                  within_budget, worth_measuring)
 from edge.control.pass_cap import PassCap
 from edge.control.policy import DraftPolicy, Plan, RoundView, register_policy
 from edge.rounds import RoundRecord
@@ -77,8 +81,8 @@ if TYPE_CHECKING:
 
 PROBE_AFTER_ZERO_ROUNDS = 4       # after this many k = 0 rounds in a row, draft one token to
                                   # re-measure the draft (its time is only seen when it drafts)
-CLOUD_EXPLORE_ROUNDS = 2          # after this many cloud runs in a row, one speculative round ...
-CLOUD_EXPLORE_RATIO = 0.8         # ... if speculation is expected within this of the cloud
+CLOUD_EXPLORE_ROUNDS = 2          # after this many cloud runs in a row, one speculative round
+                                  # ... if it is worth measuring again (options.worth_measuring)
 CLOUD_UNMEASURED_MARGIN = 1.3     # before any cloud run is measured its pace is the verifier's
                                   # time per pass (streaming adds to it): clearly faster only
 CLOUD_RETRY_ROUNDS = 32           # a cloud plan run as another round (the verifier does not serve
@@ -146,7 +150,7 @@ class AdaptivePolicy:
         if cloud is None or self.score(cloud) <= margin * scores[spec.k]:
             return spec, None
         if self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS and \
-                spec.rate >= CLOUD_EXPLORE_RATIO * cloud.rate:
+                worth_measuring(self.costs, spec, specs, cloud.rate):
             return spec, None  # re-measure speculation now and then
         return spec, cloud
 

@@ -17,6 +17,12 @@ UPLINK_SHARE_HIGH = 0.10          # q entries halve when the uplink takes more o
 UPLINK_SHARE_LOW = 0.02           # ... and double again below this
 CLOUD_LATENCY_SHARE = 0.10        # a cloud run is long enough that the link's latency is at
                                   # most this share of its time
+CLOUD_EXPLORE_RATIO = 0.8         # speculation is measured again when expected within this
+                                  # of the cloud's rate ...
+EXPLORE_EVIDENCE = 4.0            # ... or, before this many verified rounds (decayed) of
+THIN_EVIDENCE_RATIO = 0.6         # evidence, within this at the prior acceptance: a prior
+                                  # 0.1 higher is worth ~1.35x at k = 8; the shipped cellular
+                                  # and phone profiles stay far below it (0.35-0.5x by the model)
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,22 @@ class Option:
     @property
     def rate(self) -> float:
         return self.tokens / max(self.seconds, 1e-9)
+
+
+def worth_measuring(costs: RoundCosts, spec: Option, specs: list[Option],
+                    cloud_rate: float) -> bool:
+    """Whether to try speculation again while the cloud generates: the chosen speculation's
+    expected rate is within CLOUD_EXPLORE_RATIO of the cloud's, or while the acceptance rests on fewer than
+    EXPLORE_EVIDENCE verified rounds, its rate at the prior acceptance p (each option's
+    estimated time, E(k) = 1 + p + ... + p^k) is within THIN_EVIDENCE_RATIO of it."""
+    if spec.rate >= CLOUD_EXPLORE_RATIO * cloud_rate:
+        return True
+    acceptance = costs.acceptance
+    if acceptance.observations() >= EXPLORE_EVIDENCE:
+        return False
+    p = acceptance.prior
+    at_prior = max(sum(p ** j for j in range(o.k + 1)) / max(o.seconds, 1e-9) for o in specs)
+    return at_prior >= THIN_EVIDENCE_RATIO * cloud_rate
 
 
 def within_budget(device: "DeviceProfile", costs: RoundCosts, k: int, drafted: int,
