@@ -115,10 +115,13 @@ class Generation:
         t_start = state.elapsed()
         pipelined = plan.verify and not gate.fast  # fast mode's unverified runs go sequential
         if pipelined and plan.cloud_generate:
+            opening = time.monotonic()
+            if not self.cloud.ready():
+                return  # gone local: the verifier stays away
             n = self.cloud.served(plan.cloud_generate)
             if n:
                 self.pipelined.drop_ahead()
-                self.cloud.run(n, t_start)
+                self.cloud.run(n, t_start, open_s=time.monotonic() - opening)
                 return
         block = self.pipelined.take_ahead(k, plan) if pipelined else None
         if block is None:

@@ -10,7 +10,10 @@ from verifier_harness import channel_to, client_for, open_draft, start_verifier
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime)
 
-from edge.client import GenerationRequest
+from edge.client import EdgeClient, GenerationRequest
+from edge.config import ClientConfig
+from edge.control.policy import Plan, RoundView
+from edge.rounds import RoundRecord
 from tandem.sampling import SamplingParams
 
 torch.set_num_threads(1)
@@ -102,4 +105,44 @@ def test_evicted_sessions_reopen_with_full_context_and_lose_nothing(
     assert sum(r.reopens for r in results) > 0
     for request, result in zip(requests, results):
         assert all(result.verified), "an evicted session fell back to unverified tokens"
+        assert result.token_ids == reference.greedy(request.prompt_ids, NEW_TOKENS)
+
+
+class CloudRuns:
+    """Always lets the cloud generate 4 tokens (its fallback k = 1 marks a round that was not
+    one)."""
+
+    def plan(self, view: RoundView) -> Plan:
+        return Plan(k=1, cloud_generate=4)
+
+    def update(self, record: RoundRecord) -> None:
+        pass
+
+
+def test_a_cloud_run_after_an_eviction_reopens_and_runs_in_the_cloud(
+        target_runtime, prompt_ids, reference, draft_dir, gguf_path, onnx_path):
+    """Cloud runs under a KV budget too small for every session: a run evicted mid-way keeps
+    the tokens it got, and the next cloud run re-opens with the full context and runs as a cloud
+    run (before, it went out as a speculative round, and the controller then kept off cloud runs
+    for CLOUD_RETRY_ROUNDS rounds)."""
+    prompts = prompt_ids[130:134]
+    longest = max(len(p) for p in prompts) + NEW_TOKENS + 16
+    budget = int(1.5 * longest * target_runtime.bytes_per_token)
+    server, port = start_verifier(target_runtime, window_ms=1.0, kv_budget_bytes=budget)
+    drafts = [open_draft("llama.cpp", draft_dir, gguf_path, onnx_path) for _ in prompts]
+    try:
+        channel = channel_to(port)
+        clients = [EdgeClient(channel, draft, ClientConfig(retry_initial_backoff_s=0.01),
+                              policy=CloudRuns()) for draft in drafts]
+        requests = [GenerationRequest(ids, NEW_TOKENS) for ids in prompts]
+        results = run_concurrently(clients, requests)
+        evictions = server.engine.table.evictions
+    finally:
+        server.stop(0).wait()
+        for draft in drafts:
+            draft.close()
+    assert evictions > 0 and sum(r.reopens for r in results) > 0
+    for request, result in zip(requests, results):
+        assert {r.mode for r in result.rounds_log} == {"cloud"}
+        assert all(result.verified)
         assert result.token_ids == reference.greedy(request.prompt_ids, NEW_TOKENS)

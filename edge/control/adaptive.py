@@ -20,7 +20,9 @@ Options, each with expected committed tokens N, wall seconds T and target passes
   with t_gen the measured seconds between streamed tokens (before any cloud run: the verifier's
   reported time per pass, and then the cloud must be CLOUD_UNMEASURED_MARGIN faster, since
   streaming adds to it). n is the smallest run in which the link's latency is at most
-  CLOUD_LATENCY_SHARE of the time, at least `cloud_generate_tokens`, at most what is left.
+  CLOUD_LATENCY_SHARE of the time, at least `cloud_generate_tokens`, at most what is left;
+  when speculation is not worth measuring again (below), at least CLOUD_SETTLED_RUN_S of the
+  stream, since nothing would be re-decided at the shorter run's end.
   The plan keeps speculation's k, which the loop drafts if the verifier does not serve
   Generate (the controller then asks again only CLOUD_RETRY_ROUNDS rounds later). When the
   last plan was a cloud run the next generation's draft is not prefilled (prefill_first).
@@ -69,9 +71,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge.control.costs import RoundCosts
-from edge.control.options import (Option, adapt_q_entries, cloud_run, speculations,
-                                  within_budget, worth_measuring)
+from edge.control.costs import RoundCosts, save_acceptance
+from edge.control.options import (Option, adapt_q_entries, cloud_run, confidence_floor,
+                                  first_cloud_run, speculations, within_budget,
+                                  worth_measuring)
 from edge.control.pass_cap import PassCap
 from edge.control.policy import DraftPolicy, Plan, RoundView, register_policy
 from edge.rounds import RoundRecord
@@ -86,7 +89,10 @@ CLOUD_EXPLORE_ROUNDS = 2          # after this many cloud runs in a row, one spe
 CLOUD_UNMEASURED_MARGIN = 1.3     # before any cloud run is measured its pace is the verifier's
                                   # time per pass (streaming adds to it): clearly faster only
 CLOUD_RETRY_ROUNDS = 32           # a cloud plan run as another round (the verifier does not serve
-                                  # Generate, or the link was being re-opened): ask again after this
+                                  # Generate): ask again after this many rounds
+CLOUD_FAILED_RETRY_ROUNDS = 4     # a cloud run that committed nothing (evicted, or the link went
+                                  # before its first token): speculative rounds, whose re-opens
+                                  # back off on evictions, before the next cloud run
 SAVE_EVERY_ROUNDS = 32
 FLAT_TOLERANCE = 0.02             # the smallest k within 2% of the best rate wins: the rate is
                                   # flat near its optimum at long RTTs, and a shorter block
@@ -114,7 +120,7 @@ class AdaptivePolicy:
         self._planned: Plan | None = None   # the last plan, until its first record arrives
         self._t_plan = 0.0
         self.last_choice: dict = {}  # what the last plan was based on (reports, tests)
-        self.prefers_cloud = False    # the last choice that could have been a cloud run was
+        self.prefers_cloud = self.cfg.cloud_generate and self.cap.cap is None  # prefill_first
 
     # ---- the options ----------------------------------------------------------------------
 
@@ -126,11 +132,15 @@ class AdaptivePolicy:
         return speculations(self.costs, view, [k for k in range(top + 1)
                                                if self.fits_budget(k, view)], self.draft_ahead)
 
-    def cloud_option(self, view: RoundView) -> Option | None:
+    def cloud_option(self, view: RoundView, settled: bool = False) -> Option | None:
+        """The cloud run to weigh (None: not allowed now), the first one (unmeasured) apart."""
         if not (self.cfg.cloud_generate and self.rounds_seen >= self.cloud_retry_at
-                and self.costs.channel.measured and view.remaining > 1 and not view.fast):
+                and view.remaining > 1 and not view.fast):
             return None
-        return cloud_run(self.costs, self.cap, view.remaining, self.cfg.cloud_generate_tokens)
+        if not self.costs.channel.measured:
+            return first_cloud_run(self.cap, view.remaining, self.cfg.cloud_generate_tokens)
+        return cloud_run(self.costs, self.cap, view.remaining, self.cfg.cloud_generate_tokens,
+                         settled)
 
     def score(self, option: Option) -> float:
         """Tokens per second, less the cap's price (edge/control/pass_cap.py)."""
@@ -144,26 +154,23 @@ class AdaptivePolicy:
         peak = max(scores.values())
         slack = FLAT_TOLERANCE * abs(peak)
         spec = min((o for o in specs if scores[o.k] >= peak - slack), key=lambda o: o.k)
-        cloud = self.cloud_option(view)
-        self.last_choice["cloud_rate"] = cloud.rate if cloud is not None else None
+        cloud, measured = self.cloud_option(view), self.costs.channel.measured
+        self.last_choice["cloud_rate"] = cloud.rate if cloud is not None and measured else None
+        if not measured:
+            return spec, cloud
         margin = 1.0 if self.costs.gen_s.value is not None else CLOUD_UNMEASURED_MARGIN
         if cloud is None or self.score(cloud) <= margin * scores[spec.k]:
             return spec, None
-        if self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS and \
-                worth_measuring(self.costs, spec, specs, cloud.rate):
+        if not worth_measuring(self.costs, spec, specs, cloud.rate):
+            return spec, self.cloud_option(view, settled=True)  # nothing to re-decide soon
+        if self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS:
             return spec, None  # re-measure speculation now and then
         return spec, cloud
 
     def min_confidence(self, spec: Option) -> float:
-        """The confidence below which one more draft token does not pay (see the module's
-        docstring). Under a cap a token is worth more than its time, since it also lowers the
-        passes per token: 1 + price x cap, against the option's score."""
         if not self.cfg.confidence_stop or self.verified_rounds < 4:
             return 0.0
-        costs = self.costs
-        dt = costs.t_draft() + costs.channel.seconds_per_byte * costs.token_bytes()
-        threshold = max(self.score(spec), 0.0) * dt / self.cap.token_worth()
-        return costs.acceptance.confidence_threshold(threshold)
+        return confidence_floor(self.costs, self.cap, self.score(spec))
 
     def choose_q_entries(self, k: int) -> int:
         if self.cfg.adapt_q_entries and k > 0:
@@ -175,11 +182,9 @@ class AdaptivePolicy:
 
     @property
     def prefill_first(self) -> bool:
-        """Whether the loop prefills the draft on the prompt before the first round (edge/
-        loop.py). Not when the last real choice (one with a cloud run possible: more than one
-        token left) let the cloud generate: the next generation most likely starts the same way
-        and may never draft; its first block then pays the prefill, which the model charges to
-        speculation (sync_seconds)."""
+        """Whether the loop prefills the draft before the first round: not when the last real
+        choice (a cloud run possible) let the cloud generate, as the next one likely will (its
+        first block pays the prefill, which the model charges to speculation: sync_seconds)."""
         return not self.prefers_cloud
 
     def plan(self, view: RoundView) -> Plan:
@@ -228,6 +233,8 @@ class AdaptivePolicy:
         if planned is not None and planned.cloud_generate and record.mode != "cloud" and \
                 record.mode != "local":
             self.cloud_retry_at = self.rounds_seen + CLOUD_RETRY_ROUNDS  # ran another round
+        elif record.mode == "cloud" and record.committed == 0:
+            self.cloud_retry_at = self.rounds_seen + CLOUD_FAILED_RETRY_ROUNDS
         self.rounds_seen += 1
         self.costs.observe(record, planned, wall)
         self.cap.observe(record)
@@ -240,7 +247,7 @@ class AdaptivePolicy:
         if record.mode == "verify" and record.accepted is not None:
             self.verified_rounds += 1
             if self.cfg.prior_path is not None and self.verified_rounds % SAVE_EVERY_ROUNDS == 0:
-                self.costs.save_acceptance(Path(self.cfg.prior_path))
+                save_acceptance(self.costs.acceptance, Path(self.cfg.prior_path))
         self.drafted += record.drafted
 
 

@@ -26,6 +26,11 @@ PRIOR_PREFILL_S_PER_TOKEN = 0.0005  # before the first measured multi-token sync
 DRAFT_SPEEDUP_ALPHA = 0.7         # EWMA weight of a draft-time sample below the estimate
 PRIOR_BYTES_PER_TOKEN = 3.0       # greedy: a varint id and its tag share
 DRAFT_OVERHEAD_BYTES = 8.0        # round, start, tags of an empty Draft
+STALL_FACTOR = 10.0               # a cloud run's gap between tokens this many times its median
+STALL_MIN_S = 0.05                # (and at least this long) is the link standing still, not
+                                  # the stream's pace: an outage inside one run made the cloud
+                                  # look 5x slower, and speculation, never measuring it again,
+                                  # ran on (flaky/laptop: 0.11x cloud-only)
 
 
 def decode_steps(record: RoundRecord) -> tuple[int, float]:
@@ -40,6 +45,16 @@ def decode_steps(record: RoundRecord) -> tuple[int, float]:
     return record.drafted - 1, max(record.draft_s - record.sync_s, 0.0)
 
 
+def stalled_seconds(gaps_s: list[float]) -> float:
+    """The part of a cloud run's stream spent standing still: its gaps between tokens over
+    STALL_FACTOR times their median (and over STALL_MIN_S)."""
+    if not gaps_s:
+        return 0.0
+    ordered = sorted(gaps_s)
+    floor = max(STALL_FACTOR * ordered[len(ordered) // 2], STALL_MIN_S)
+    return sum(g for g in gaps_s if g > floor)
+
+
 def load_acceptance(config: "ClientConfig") -> AcceptanceEstimator:
     """The acceptance estimator, from the prior file kept between sessions when there is one."""
     cfg = config.adaptive
@@ -52,6 +67,15 @@ def load_acceptance(config: "ClientConfig") -> AcceptanceEstimator:
         except (OSError, ValueError) as error:
             log.warning("ignoring the acceptance prior at %s: %s", cfg.prior_path, error)
     return AcceptanceEstimator(**settings)
+
+
+def save_acceptance(acceptance: AcceptanceEstimator, path: Path) -> None:
+    """The acceptance estimates, for load_acceptance in a later session."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(acceptance.to_dict()))
+    except OSError as error:
+        log.warning("cannot save the acceptance prior to %s: %s", path, error)
 
 
 class RoundCosts:
@@ -153,8 +177,11 @@ class RoundCosts:
     # ---- measuring ------------------------------------------------------------------------
 
     def observe(self, record: RoundRecord, planned: Plan | None, wall: float | None) -> None:
-        """Everything a round's record measures; wall: seconds since its plan."""
+        """Everything a round's record measures; wall: seconds since its plan (less any
+        re-open within the round: an outage's length, not what such a round costs)."""
         a = self.alpha
+        if wall is not None:
+            wall = max(wall - record.open_s, 0.0)
         self.channel.update(record)
         self.acceptance.update(record)
         self._expected = None
@@ -182,24 +209,19 @@ class RoundCosts:
 
     def observe_cloud(self, record: RoundRecord, wall: float | None) -> None:
         """A cloud run: the pace of its stream, the link's latency (send -> first token, less
-        the verifier's time for it) and what the run cost beyond both."""
+        the verifier's time for it) and what the run cost beyond both; of a cut run only the
+        latency, and no time its stream stood still (STALL_FACTOR says why)."""
         a = self.alpha
         self.unsynced += record.committed
         server_per_token = (record.server_forward_s + record.server_queue_s) / record.committed
         if record.rtt_s > 0:
             self.channel.observe_latency(max(record.rtt_s - server_per_token, 0.0),
                                          float(record.bytes_up))
-        if wall is None or record.rtt_s <= 0:
+        if wall is None or record.rtt_s <= 0 or record.cut:
             return
+        wall -= stalled_seconds(record.gaps_s)
         if record.committed > 1:
             self.gen_s.add(max(wall - record.send_s - record.rtt_s, 0.0)
                            / (record.committed - 1), a)
         expected = record.rtt_s + (record.committed - 1) * self.gen_seconds()
         self.cloud_overhead.add(max(wall - expected, 0.0), a)
-
-    def save_acceptance(self, path: Path) -> None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(self.acceptance.to_dict()))
-        except OSError as error:
-            log.warning("cannot save the acceptance prior to %s: %s", path, error)

@@ -17,6 +17,10 @@ UPLINK_SHARE_HIGH = 0.10          # q entries halve when the uplink takes more o
 UPLINK_SHARE_LOW = 0.02           # ... and double again below this
 CLOUD_LATENCY_SHARE = 0.10        # a cloud run is long enough that the link's latency is at
                                   # most this share of its time
+CLOUD_SETTLED_RUN_S = 1.0         # ... and when speculation is not worth measuring again, as
+                                  # long as this much of the stream: nothing is re-decided
+                                  # between runs then, and each run pays the link's latency once
+                                  # more (wifi/phone: 0.91x cloud-only with 16-token runs)
 CLOUD_EXPLORE_RATIO = 0.8         # speculation is measured again when expected within this
                                   # of the cloud's rate ...
 EXPLORE_EVIDENCE = 4.0            # ... or, before this many verified rounds (decayed) of
@@ -97,16 +101,40 @@ def speculations(costs: RoundCosts, view: RoundView, ks: list[int],
     return out
 
 
-def cloud_run(costs: RoundCosts, cap: PassCap, remaining: int, fewest: int) -> Option | None:
+def cloud_run(costs: RoundCosts, cap: PassCap, remaining: int, fewest: int,
+              settled: bool = False) -> Option | None:
     """The cloud generating n tokens: the smallest run in which the link's latency is at most
-    CLOUD_LATENCY_SHARE of its time, at least `fewest`, at most what is left and, under a cap,
-    what its surplus pays for (none under 2 tokens)."""
+    CLOUD_LATENCY_SHARE of its time (settled: at least CLOUD_SETTLED_RUN_S of its stream), at
+    least `fewest`, at most what is left and, under a cap, what its surplus pays for (none under
+    2 tokens)."""
     share = CLOUD_LATENCY_SHARE
     n = 1 + math.ceil((1.0 - share) / share * costs.cloud_latency_s() / costs.gen_seconds())
+    if settled:
+        n = max(n, math.ceil(CLOUD_SETTLED_RUN_S / costs.gen_seconds()))
     n = cap.cloud_tokens(min(max(n, fewest), remaining))
     if cap.cap is not None and n < 2:
         return None
     return Option("cloud", float(n), costs.cloud_seconds(n), float(n), n=n)
+
+
+def first_cloud_run(cap: PassCap, remaining: int, fewest: int) -> Option | None:
+    """Before anything is measured: a short cloud run, which measures the link and the cloud's
+    pace while it commits `fewest` tokens (a k = 0 round commits one), and is never far from the
+    best choice, where speculating can be several times slower (a phone on a cellular link).
+    None under a cap (no surplus of passes yet). Its time is unknown: only n is used."""
+    if cap.cap is not None:
+        return None
+    n = min(fewest, remaining)
+    return Option("cloud", float(n), 0.0, float(n), n=n)
+
+
+def confidence_floor(costs: RoundCosts, cap: PassCap, score: float) -> float:
+    """The confidence below which one more draft token does not pay at the chosen option's
+    score (edge/control/adaptive.py's docstring). Under a cap a token is worth more than its
+    time, since it also lowers the passes per token: 1 + price x cap, against the score."""
+    dt = costs.t_draft() + costs.channel.seconds_per_byte * costs.token_bytes()
+    threshold = max(score, 0.0) * dt / cap.token_worth()
+    return costs.acceptance.confidence_threshold(threshold)
 
 
 def adapt_q_entries(costs: RoundCosts, k: int, entries: int, fewest: int, most: int) -> int:

@@ -25,18 +25,37 @@ class CloudRound:
         return max(min(n, ctx.caps.generate_tokens, state.remaining,
                        ctx.caps.max_context - len(state.context)), 0)
 
-    def run(self, n: int, t_start: float) -> None:
-        """Ask the verifier for n tokens (n = served(...) >= 1) and commit them as they come."""
+    def ready(self) -> bool:
+        """Whether the link is open for a Generate, re-opened with the full context when it was
+        dropped; False, with the generation gone local, when the verifier stays unreachable (the
+        request's offline mode said so: edge/link/reconnect.py)."""
+        ctx = self.ctx
+        if ctx.link.is_open:
+            return True
+        context = ctx.state.context
+        if ctx.reconnect.open_with_retries(context) or ctx.reconnect.reopen_if_waiting(context):
+            return True
+        ctx.go_local()
+        return False
+
+    def run(self, n: int, t_start: float, open_s: float = 0.0) -> None:
+        """Ask the verifier for n tokens (n = served(...) >= 1) and commit them as they come
+        (open_s: what ready() spent re-opening the link)."""
         ctx, state = self.ctx, self.ctx.state
         sent = ctx.link.send_generate(len(state.context), n, sorted(state.request.stop_ids))
         record = block_record(Block(end_reason="zero"), 0, t_start, mode="cloud", verified=True,
-                              bytes_up=sent.bytes_up, send_s=sent.send_s)
+                              bytes_up=sent.bytes_up, send_s=sent.send_s, open_s=open_s)
         finished = False
+        last = sent.t_sent  # the last token's arrival
         try:
             while True:
                 generated, size = ctx.link.await_generated(sent, ctx.offline.late_s(1))
+                now = time.monotonic()
                 if record.rtt_s == 0.0:
-                    record.rtt_s = time.monotonic() - sent.t_sent  # to the first token
+                    record.rtt_s = now - sent.t_sent  # to the first token
+                else:
+                    record.gaps_s.append(now - last)
+                last = now
                 record.bytes_down += size
                 record.target_passes += 1
                 record.server_queue_s += generated.timings.queue_ms / 1000.0
@@ -45,8 +64,13 @@ class CloudRound:
                 finished = generated.done
                 if finished or state.result.finish_reason or state.halted:
                     break
-        except (Evicted, LinkDown):
+        except Evicted:
+            record.cut = True
             ctx.link.drop()  # the next round re-opens with the full context
+        except LinkDown as error:
+            record.cut = True
+            ctx.offline.failure(error)
+            ctx.link.drop()
         finally:
             state.record(record)
         if not finished and ctx.link.is_open:

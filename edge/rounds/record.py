@@ -54,6 +54,10 @@ class RoundRecord:
     attempts: int = 1                  # Draft sends (re-sends after eviction / broken link)
     in_flight: int = 1                 # blocks in flight when this one was sent (send-ahead)
     t_start_s: float = 0.0             # since the generation started
+    open_s: float = 0.0                # re-opening the link within the round (an outage's cost,
+                                       # not the round's)
+    gaps_s: list[float] = field(default_factory=list)  # cloud: seconds between streamed tokens
+    cut: bool = False                  # cloud: ended by a link failure or an eviction
 
 
 def block_record(block: "Block", k_asked: int, t_start_s: float, **fields: Any) -> RoundRecord:

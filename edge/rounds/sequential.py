@@ -27,10 +27,14 @@ class SequentialRound:
                               q_entries=ctx.q_entries(plan), attempts=0)
         evictions = broken = 0
         while True:
-            if not ctx.link.is_open and not self._reopen(evictions, broken):
-                ctx.state.apply_unverified(record, block, cause=ctx.offline.local_cause())
-                ctx.go_local()
-                return
+            if not ctx.link.is_open:
+                opening = time.monotonic()
+                reopened = self._reopen(evictions, broken)
+                record.open_s += time.monotonic() - opening
+                if not reopened:
+                    ctx.state.apply_unverified(record, block, cause=ctx.offline.local_cause())
+                    ctx.go_local()
+                    return
             # Fast mode: the tokens emitted unverified since the verifier's context ride ahead
             # of the block, so its context follows without a re-open (empty when lossless).
             start = ctx.link.server_context
