@@ -99,9 +99,11 @@ class AdaptiveConfig(Settings):
                                  "generate a run of tokens by itself (each a target pass) when "
                                  "that is expected faster than speculating (lossless either way)")
     cloud_generate_tokens: int = Field(16, ge=1, le=1024, description="fewest tokens per "
-                                       "cloud-generates request; more when the link's latency "
-                                       "would otherwise take over a tenth of the run (capped by "
-                                       "the tokens left and the verifier's limit)")
+                                       "cloud-generates request, and a fresh controller's first "
+                                       "run; more when the link's latency would otherwise take "
+                                       "over a tenth of the run, or a second of the stream when "
+                                       "speculation is not worth measuring again (capped by the "
+                                       "tokens left and the verifier's limit)")
     prior_path: Path | None = Field(None, description="file where the acceptance prior is "
                                     "kept between sessions (JSON); None = not persisted")
 
