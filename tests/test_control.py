@@ -352,6 +352,34 @@ def test_cloud_generates_only_where_the_verifier_serves_it():
     assert adaptive().plan(view).cloud_generate == 0  # and off when the config says so
 
 
+def test_acceptance_evidence_goes_stale_and_speculation_is_measured_again():
+    """A Wi-Fi-like link and a fast draft whose text turns hard (acceptance 0.1): cloud runs win
+    and the evidence says so. When the text turns easy again (0.85), the old evidence is stale
+    after STALE_EVIDENCE_TOKENS cloud tokens; speculation is measured again (its rate at the
+    prior is within THIN_EVIDENCE_RATIO of the cloud's) and wins (before, the controller kept
+    to cloud runs for good: wifi/laptop at 0.81x fixed k = 16, one hard prompt keeping it on
+    cloud runs for the next four)."""
+    policy = adaptive(cloud_generate=True)
+    link = Link(latency_s=0.011, server_s=0.008)
+    rng = random.Random(5)
+    hard = run(policy, link, Draft(alpha=0.1, s_per_token=0.0006), 30, rng, remaining=48)
+    assert sum(1 for plan, _ in hard[-10:] if plan.cloud_generate) >= 5
+    easy = run(policy, link, Draft(alpha=0.85, s_per_token=0.0006), 40, rng, remaining=48)
+    assert not any(plan.cloud_generate for plan, _ in easy[-10:])
+    assert policy.last_choice["k"] >= 4
+
+
+def test_a_k0_round_is_not_worth_measuring():
+    """LAN and a slow phone draft: the cloud is faster than speculating, and the best
+    speculation is k = 0 (one target token per round trip), which has nothing to measure that a
+    cloud run does not: the controller keeps to whole cloud runs (before, it went back to a k = 0
+    round after every two runs: lan/phone at 0.92x cloud-only)."""
+    policy = adaptive(cloud_generate=True)
+    log = run(policy, Link(latency_s=0.002, server_s=0.010), PHONE, 30, random.Random(3),
+              remaining=48)
+    assert all(plan.cloud_generate == 48 for plan, _ in log[-20:])
+
+
 @pytest.mark.parametrize("case", ["stall", "cut", "reopen"])
 def test_an_outage_is_not_the_clouds_pace(case):
     """An outage met by a cloud run: its stream stands still for 3 s (stall), the link cuts it

@@ -33,6 +33,7 @@ class AcceptanceEstimator:
     pos_reached: list[float] = field(default_factory=list)
     conf_accepted: list[float] = field(default_factory=lambda: [0.0] * BINS)
     conf_reached: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    unchecked: int = 0              # tokens committed since the last verified draft token
 
     def __post_init__(self) -> None:
         n = self.max_positions
@@ -40,7 +41,9 @@ class AcceptanceEstimator:
         self.pos_reached = (self.pos_reached + [0.0] * n)[:n]
 
     def update(self, record: RoundRecord) -> None:
-        if record.mode != "verify" or record.accepted is None:
+        checked = record.mode == "verify" and record.accepted is not None
+        self.unchecked = 0 if checked and record.drafted else self.unchecked + record.committed
+        if not checked:
             return
         keep = 1.0 - self.alpha
         for counts in (self.pos_accepted, self.pos_reached, self.conf_accepted,

@@ -24,7 +24,11 @@ CLOUD_SETTLED_RUN_S = 1.0         # ... and when speculation is not worth measur
 CLOUD_EXPLORE_RATIO = 0.8         # speculation is measured again when expected within this
                                   # of the cloud's rate ...
 EXPLORE_EVIDENCE = 4.0            # ... or, before this many verified rounds (decayed) of
-THIN_EVIDENCE_RATIO = 0.6         # evidence, within this at the prior acceptance: a prior
+STALE_EVIDENCE_TOKENS = 64        # evidence, or this many tokens after the last (acceptance
+                                  # depends on the text, which has moved on: measured on
+                                  # wifi/laptop, one hard prompt kept the controller on cloud
+                                  # runs for the next four, 0.81x fixed k = 16),
+THIN_EVIDENCE_RATIO = 0.6         # within this at the prior acceptance: a prior
                                   # 0.1 higher is worth ~1.35x at k = 8. Measured (the model's
                                   # ratio once a cloud run is measured): wifi/laptop 0.8-0.9,
                                   # lan/phone 0.47-0.57, wifi/phone 0.32-0.39, lte/laptop 0.3.
@@ -50,16 +54,22 @@ class Option:
 def worth_measuring(costs: RoundCosts, spec: Option, specs: list[Option],
                     cloud_rate: float) -> bool:
     """Whether to try speculation again while the cloud generates: the chosen speculation's
-    expected rate is within CLOUD_EXPLORE_RATIO of the cloud's, or while the acceptance rests on fewer than
-    EXPLORE_EVIDENCE verified rounds, its rate at the prior acceptance p (each option's
-    estimated time, E(k) = 1 + p + ... + p^k) is within THIN_EVIDENCE_RATIO of it."""
-    if spec.rate >= CLOUD_EXPLORE_RATIO * cloud_rate:
+    expected rate is within CLOUD_EXPLORE_RATIO of the cloud's, or while the acceptance rests on
+    fewer than EXPLORE_EVIDENCE verified rounds or is STALE_EVIDENCE_TOKENS old, its rate at the
+    prior acceptance p (each option's estimated time, E(k) = 1 + p + ... + p^k) is within
+    THIN_EVIDENCE_RATIO of it. Drafting blocks only: a k = 0 round has nothing to measure that
+    a cloud run does not (it is one target token per round trip)."""
+    drafting = [o for o in specs if o.k > 0]
+    if not drafting:
+        return False
+    if spec.k > 0 and spec.rate >= CLOUD_EXPLORE_RATIO * cloud_rate:
         return True
     acceptance = costs.acceptance
-    if acceptance.observations() >= EXPLORE_EVIDENCE:
+    if acceptance.observations() >= EXPLORE_EVIDENCE and \
+            acceptance.unchecked < STALE_EVIDENCE_TOKENS:
         return False
     p = acceptance.prior
-    at_prior = max(sum(p ** j for j in range(o.k + 1)) / max(o.seconds, 1e-9) for o in specs)
+    at_prior = max(sum(p ** j for j in range(o.k + 1)) / max(o.seconds, 1e-9) for o in drafting)
     return at_prior >= THIN_EVIDENCE_RATIO * cloud_rate
 
 
