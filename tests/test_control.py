@@ -15,7 +15,7 @@ from edge.control import FixedK, Plan, RoundView, make_policy, policy_names
 from edge.control.acceptance import AcceptanceEstimator
 from edge.control.adaptive import CLOUD_FAILED_RETRY_ROUNDS, CLOUD_RETRY_ROUNDS, AdaptivePolicy
 from edge.control.channel import ChannelEstimator
-from edge.control.options import CLOUD_SETTLED_RUN_S
+from edge.control.options import CLOUD_SETTLED_RUN_S, EXPLORE_EVIDENCE, STALE_EVIDENCE_TOKENS
 from edge.rounds import RoundRecord
 
 
@@ -367,6 +367,39 @@ def test_acceptance_evidence_goes_stale_and_speculation_is_measured_again():
     easy = run(policy, link, Draft(alpha=0.85, s_per_token=0.0006), 40, rng, remaining=48)
     assert not any(plan.cloud_generate for plan, _ in easy[-10:])
     assert policy.last_choice["k"] >= 4
+
+
+def test_each_new_prompt_measures_speculation_where_it_is_near_the_cloud():
+    """A Wi-Fi-like link and a fast laptop draft: speculation at the prior acceptance is near
+    the cloud's rate, so a generation (a new prompt, whose text the evidence is not about)
+    starts with one block before a long cloud run. Hard prompts: that block is rejected and
+    the rest of each generation is one cloud run. Easy prompts next: each starts with a block,
+    and within a few the controller speculates throughout (before, easy prompts started with
+    cloud runs on the hard prompts' evidence: wifi/laptop 0.79x fixed k = 16). A phone draft, far slower than
+    the cloud, never spends that block."""
+    policy = adaptive(cloud_generate=True)
+    link = Link(latency_s=0.011, server_s=0.008)
+    rng = random.Random(21)
+    run(policy, link, Draft(alpha=0.1, s_per_token=0.0006), 2, rng, remaining=48)
+    for _ in range(8):
+        hard = run(policy, link, Draft(alpha=0.1, s_per_token=0.0006), 2, rng, remaining=48)
+        assert [bool(plan.cloud_generate) for plan, _ in hard] == [False, True]
+        assert hard[0][0].k > 0
+    acceptance = policy.costs.acceptance
+    # the evidence is neither thin nor stale (the run is settled: the rest of the generation),
+    # so only the new text makes the easy prompt's first block worth it
+    assert acceptance.observations() >= EXPLORE_EVIDENCE and hard[1][0].cloud_generate == 48
+    assert acceptance.unchecked < STALE_EVIDENCE_TOKENS
+    easy = [run(policy, link, Draft(alpha=0.9, s_per_token=0.0006), 4, rng, remaining=48)
+            for _ in range(6)]
+    assert all(log[0][0].k > 0 and not log[0][0].cloud_generate for log in easy)
+    assert not any(plan.cloud_generate for log in easy[-2:] for plan, _ in log)
+
+    phone = adaptive(cloud_generate=True)
+    run(phone, link, PHONE, 4, random.Random(22), remaining=48)
+    for seed in range(3):
+        log = run(phone, link, PHONE, 3, random.Random(23 + seed), remaining=48)
+        assert all(plan.cloud_generate == 48 for plan, _ in log)
 
 
 def test_a_k0_round_is_not_worth_measuring():

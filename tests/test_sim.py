@@ -19,9 +19,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture
 def tiny_sim(tmp_path, target_dir, draft_dir, gguf_path):
+    # Fixed k = 4, not the shipped controller: the checks below are of speculation's formulas
+    # (tau, passes/token), and the controller may let the cloud generate these short requests
+    # outright (tau = 1). The shipped controller runs through a sim in test_exact_by_default.py.
     config = {
         "edge_overrides": {"draft": {"backend": "llama.cpp", "model_path": str(gguf_path),
-                                     "tokenizer_dir": str(draft_dir), "threads": 1}},
+                                     "tokenizer_dir": str(draft_dir), "threads": 1},
+                           "client": {"policy": "fixed", "draft_length": 4}},
         "cloud_overrides": {"model": {"path": str(target_dir), "device": "cpu"}},
         "profiles": ["lan", "wifi"],
         "prompts": 2, "max_tokens": 16, "concurrency": 2, "warmup_requests": 1,

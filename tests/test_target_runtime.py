@@ -12,9 +12,10 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from cloud.runtime.target import TargetRuntime
 from verifier_harness import TEST_DEVICE
 
-# float32 rows of the same positions computed in differently shaped passes: equal to ~1e-6 on
-# the CPU; CUDA picks other kernels per shape (measured on an H200: 1.05e-5 apart).
-ATOL = 1e-5 if TEST_DEVICE == "cpu" else 1e-4
+# float32 rows of the same positions computed in differently shaped passes differ by rounding
+# alone: ~1e-6 here, but 1.05e-5 on CI's CPU (rollback then re-extend) and on an H200, whose
+# kernels change with the shape. A real cache error (a stale or shifted row) is ~0.1-1 apart.
+ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")

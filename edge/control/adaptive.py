@@ -45,8 +45,9 @@ the verifier's time, feeds L), so speculation's estimate follows the link while 
 generates; its other inputs (acceptance, draft speed) describe the draft and the text, and a
 speculative round is tried every CLOUD_EXPLORE_ROUNDS cloud runs in a row when it is worth
 measuring again (edge/control/options.py worth_measuring): expected within CLOUD_EXPLORE_RATIO
-of the cloud's rate, or, while the acceptance rests on a few verified rounds, within
-THIN_EVIDENCE_RATIO of it at the prior acceptance. One rejected first block (0.7 -> 0.45 at
+of the cloud's rate, or, while the acceptance rests on a few verified rounds, is old or is
+about another prompt's text, within THIN_EVIDENCE_RATIO of it at the prior acceptance; a
+generation's first speculative round then comes at once. One rejected first block (0.7 -> 0.45 at
 position 0) must not make speculation look too slow ever to be measured again where the prior
 says it may win (measured on wifi/laptop before: stuck on cloud runs at 0.78x fixed k = 16).
 
@@ -117,6 +118,7 @@ class AdaptivePolicy:
         self.verified_rounds = 0
         self.zero_rounds = 0          # k = 0 rounds in a row
         self.cloud_rounds = 0         # cloud runs in a row
+        self.speculated_this_generation = False   # a speculative round ran since round 0
         self._planned: Plan | None = None   # the last plan, until its first record arrives
         self._t_plan = 0.0
         self.last_choice: dict = {}  # what the last plan was based on (reports, tests)
@@ -161,10 +163,14 @@ class AdaptivePolicy:
         margin = 1.0 if self.costs.gen_s.value is not None else CLOUD_UNMEASURED_MARGIN
         if cloud is None or self.score(cloud) <= margin * scores[spec.k]:
             return spec, None
-        if not worth_measuring(self.costs, spec, specs, cloud.rate):
+        new_text = not self.speculated_this_generation
+        if not worth_measuring(self.costs, spec, specs, cloud.rate, new_text):
             return spec, self.cloud_option(view, settled=True)  # nothing to re-decide soon
-        if self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS:
-            return spec, None  # re-measure speculation now and then
+        if new_text or self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS:
+            # measure speculation: at once on a new prompt's text, else now and then; with a
+            # drafted block, which measures what a cloud run does not
+            drafting = [o for o in specs if o.k > 0]
+            return (spec if spec.k > 0 else max(drafting, key=self.score)), None
         return spec, cloud
 
     def min_confidence(self, spec: Option) -> float:
@@ -191,6 +197,7 @@ class AdaptivePolicy:
         costs = self.costs
         if view.round == 0:
             self.drafted = 0
+            self.speculated_this_generation = False
             # the loop prefilled the draft on the prompt unless prefill_first said not to
             costs.unsynced = 0 if self.prefill_first else view.context_length
         mode = self.last_choice.get("mode")
@@ -240,6 +247,7 @@ class AdaptivePolicy:
         self.cap.observe(record)
         if record.mode == "verify":
             self.zero_rounds = self.zero_rounds + 1 if record.drafted == 0 else 0
+            self.speculated_this_generation = True
         if record.mode != "cloud":
             self.cloud_rounds = 0
         elif record.committed > 0:

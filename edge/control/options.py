@@ -33,6 +33,12 @@ THIN_EVIDENCE_RATIO = 0.6         # within this at the prior acceptance: a prior
                                   # ratio once a cloud run is measured): wifi/laptop 0.8-0.9,
                                   # lan/phone 0.47-0.57, wifi/phone 0.32-0.39, lte/laptop 0.3.
                                   # A wasted try is bounded: the evidence ends the rule.
+NEW_TEXT_RATIO = 0.75             # ... or within this on a new prompt, whose text the
+                                  # evidence is not about: tried once per generation, so only
+                                  # where speculation is near the cloud (wifi/laptop: fixed
+                                  # k = 16 at 53-276 tok/s by prompt, the cloud ~85; one
+                                  # rejected block kept whole generations on cloud runs), not
+                                  # on lan/phone
 
 
 @dataclass(frozen=True)
@@ -51,26 +57,31 @@ class Option:
         return self.tokens / max(self.seconds, 1e-9)
 
 
-def worth_measuring(costs: RoundCosts, spec: Option, specs: list[Option],
-                    cloud_rate: float) -> bool:
+def worth_measuring(costs: RoundCosts, spec: Option, specs: list[Option], cloud_rate: float,
+                    new_text: bool = False) -> bool:
     """Whether to try speculation again while the cloud generates: the chosen speculation's
     expected rate is within CLOUD_EXPLORE_RATIO of the cloud's, or while the acceptance rests on
-    fewer than EXPLORE_EVIDENCE verified rounds or is STALE_EVIDENCE_TOKENS old, its rate at the
-    prior acceptance p (each option's estimated time, E(k) = 1 + p + ... + p^k) is within
-    THIN_EVIDENCE_RATIO of it. Drafting blocks only: a k = 0 round has nothing to measure that
-    a cloud run does not (it is one target token per round trip)."""
+    fewer than EXPLORE_EVIDENCE verified rounds, is STALE_EVIDENCE_TOKENS old or is about other
+    text (new_text: this generation has not speculated yet), its rate at the prior acceptance p
+    (each option's estimated time, E(k) = 1 + p + ... + p^k) is within THIN_EVIDENCE_RATIO of
+    it (NEW_TEXT_RATIO for new text alone). Drafting blocks only: a k = 0 round has nothing to
+    measure that a cloud run does not (it is one target token per round trip)."""
     drafting = [o for o in specs if o.k > 0]
     if not drafting:
         return False
     if spec.k > 0 and spec.rate >= CLOUD_EXPLORE_RATIO * cloud_rate:
         return True
     acceptance = costs.acceptance
-    if acceptance.observations() >= EXPLORE_EVIDENCE and \
-            acceptance.unchecked < STALE_EVIDENCE_TOKENS:
+    if acceptance.observations() < EXPLORE_EVIDENCE or \
+            acceptance.unchecked >= STALE_EVIDENCE_TOKENS:
+        ratio = THIN_EVIDENCE_RATIO
+    elif new_text:
+        ratio = NEW_TEXT_RATIO
+    else:
         return False
     p = acceptance.prior
     at_prior = max(sum(p ** j for j in range(o.k + 1)) / max(o.seconds, 1e-9) for o in drafting)
-    return at_prior >= THIN_EVIDENCE_RATIO * cloud_rate
+    return at_prior >= ratio * cloud_rate
 
 
 def within_budget(device: "DeviceProfile", costs: RoundCosts, k: int, drafted: int,
