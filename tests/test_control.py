@@ -15,6 +15,7 @@ from edge.control import FixedK, Plan, RoundView, make_policy, policy_names
 from edge.control.acceptance import AcceptanceEstimator
 from edge.control.adaptive import CLOUD_FAILED_RETRY_ROUNDS, CLOUD_RETRY_ROUNDS, AdaptivePolicy
 from edge.control.channel import ChannelEstimator
+from edge.control.costs import PREFILL_SPIKE_CAP
 from edge.control.options import CLOUD_SETTLED_RUN_S, EXPLORE_EVIDENCE, STALE_EVIDENCE_TOKENS
 from edge.rounds import RoundRecord
 
@@ -46,14 +47,16 @@ class SimClock:
 
 def run(policy, link: Link, draft: Draft, rounds: int, rng: random.Random, *,
         max_k: int = 32, sampling: bool = False, log=None, generated: int = 0,
-        remaining: int = 10_000):
-    """Drive `rounds` rounds; returns the log of (plan, record). A cloud-generates plan runs as
-    the verifier would: n tokens streamed one server pass apart after the latency."""
+        remaining: int = 10_000, first_round: int = 0):
+    """Drive `rounds` rounds of a generation (a new one unless first_round > 0); returns the
+    log of (plan, record). A cloud-generates plan runs as the verifier would: n tokens streamed
+    one server pass apart after the latency."""
     log = [] if log is None else log
     history: list[RoundRecord] = []
     clock = getattr(policy, "clock", None)
     for _ in range(rounds):
-        view = RoundView(round=len(history), generated=generated, remaining=remaining,
+        view = RoundView(round=first_round + len(history), generated=generated,
+                         remaining=remaining,
                          max_k=max_k, link_state="up", sampling=sampling, history=history,
                          max_q_entries=16)
         plan = policy.plan(view)
@@ -372,27 +375,27 @@ def test_acceptance_evidence_goes_stale_and_speculation_is_measured_again():
 def test_each_new_prompt_measures_speculation_where_it_is_near_the_cloud():
     """A Wi-Fi-like link and a fast laptop draft: speculation at the prior acceptance is near
     the cloud's rate, so a generation (a new prompt, whose text the evidence is not about)
-    starts with one block before a long cloud run. Hard prompts: that block is rejected and
-    the rest of each generation is one cloud run. Easy prompts next: each starts with a block,
+    starts with NEW_TEXT_BLOCKS blocks before a long cloud run. Hard prompts: they are rejected
+    and the rest of each generation is one cloud run. Easy prompts next: each starts with a block,
     and within a few the controller speculates throughout (before, easy prompts started with
     cloud runs on the hard prompts' evidence: wifi/laptop 0.79x fixed k = 16). A phone draft, far slower than
     the cloud, never spends that block."""
     policy = adaptive(cloud_generate=True)
     link = Link(latency_s=0.011, server_s=0.008)
     rng = random.Random(21)
-    run(policy, link, Draft(alpha=0.1, s_per_token=0.0006), 2, rng, remaining=48)
+    run(policy, link, Draft(alpha=0.1, s_per_token=0.0006), 3, rng, remaining=48)
     for _ in range(8):
-        hard = run(policy, link, Draft(alpha=0.1, s_per_token=0.0006), 2, rng, remaining=48)
-        assert [bool(plan.cloud_generate) for plan, _ in hard] == [False, True]
-        assert hard[0][0].k > 0
+        hard = run(policy, link, Draft(alpha=0.1, s_per_token=0.0006), 3, rng, remaining=48)
+        assert [bool(plan.cloud_generate) for plan, _ in hard] == [False, False, True]
+        assert hard[0][0].k > 0 and hard[1][0].k > 0
     acceptance = policy.costs.acceptance
     # the evidence is neither thin nor stale (the run is settled: the rest of the generation),
     # so only the new text makes the easy prompt's first block worth it
-    assert acceptance.observations() >= EXPLORE_EVIDENCE and hard[1][0].cloud_generate == 48
+    assert acceptance.observations() >= EXPLORE_EVIDENCE and hard[2][0].cloud_generate == 48
     assert acceptance.unchecked < STALE_EVIDENCE_TOKENS
     easy = [run(policy, link, Draft(alpha=0.9, s_per_token=0.0006), 4, rng, remaining=48)
             for _ in range(6)]
-    assert all(log[0][0].k > 0 and not log[0][0].cloud_generate for log in easy)
+    assert all(plan.k > 0 and not plan.cloud_generate for log in easy for plan, _ in log[:2])
     assert not any(plan.cloud_generate for log in easy[-2:] for plan, _ in log)
 
     phone = adaptive(cloud_generate=True)
@@ -537,8 +540,8 @@ def _step(policy, link_before, draft_before, link_after, draft_after, warm, afte
     run(policy, link_before, draft_before, warm, rng)
     k_before = policy.last_choice["k"]
     ks = []
-    for _ in range(after):
-        run(policy, link_after, draft_after, 1, rng)
+    for i in range(after):
+        run(policy, link_after, draft_after, 1, rng, first_round=warm + i)
         ks.append(policy.last_choice["k"])
     final = sorted(ks[-30:])[15]  # the median of the last 30 rounds
     assert abs(final - k_before) >= 4, "the step must matter for the test to mean anything"
@@ -625,3 +628,23 @@ def test_the_draft_is_not_prefilled_for_a_generation_the_cloud_will_write():
                       sampling=False, history=[], context_length=300)
     policy.plan(first)
     assert policy.costs.unsynced == 300 and policy.costs.sync_seconds() > 0
+
+
+def test_a_prefill_spike_counts_at_most_twice_the_estimate():
+    """Only speculation measures the draft's prefill, so one slow prefill (a moment of
+    contention) priced into every generation's first block could keep speculation from being
+    tried, and so measured, again: a sample counts at most PREFILL_SPIKE_CAP times the
+    estimate, and a fast one brings it down at once."""
+    costs = adaptive().costs
+
+    def synced(seconds: float) -> RoundRecord:  # a block after a 100-token prefill
+        return RoundRecord(index=0, k_asked=4, drafted=4, accepted=2, mode="verify",
+                           committed=3, target_passes=1, rtt_s=0.02, draft_s=seconds + 0.004,
+                           sync_s=seconds, sync_tokens=100, bytes_up=20)
+
+    costs.observe(synced(0.02), None, None)                         # 200 us a token
+    costs.observe(synced(0.50), None, None)                         # a 25x spike
+    assert costs.prefill_s.value == pytest.approx(
+        0.0002 * (1 + costs.alpha * (PREFILL_SPIKE_CAP - 1)))
+    costs.observe(synced(0.02), None, None)
+    assert costs.prefill_s.value < 0.0002 * 1.1

@@ -34,6 +34,8 @@ class AcceptanceEstimator:
     conf_accepted: list[float] = field(default_factory=lambda: [0.0] * BINS)
     conf_reached: list[float] = field(default_factory=lambda: [0.0] * BINS)
     unchecked: int = 0              # tokens committed since the last verified draft token
+    verified: float = 0.0           # verified blocks, decayed per round but not by forget():
+                                    # how much evidence there is, not how much is about this text
 
     def __post_init__(self) -> None:
         n = self.max_positions
@@ -45,11 +47,8 @@ class AcceptanceEstimator:
         self.unchecked = 0 if checked and record.drafted else self.unchecked + record.committed
         if not checked:
             return
-        keep = 1.0 - self.alpha
-        for counts in (self.pos_accepted, self.pos_reached, self.conf_accepted,
-                       self.conf_reached):
-            for i in range(len(counts)):
-                counts[i] *= keep
+        self.forget(1.0 - self.alpha)
+        self.verified = self.verified * (1.0 - self.alpha) + (1.0 if record.drafted else 0.0)
         n = record.accepted
         for i in range(min(n + 1, record.drafted)):
             hit = 1.0 if i < n else 0.0
@@ -60,6 +59,12 @@ class AcceptanceEstimator:
                 b = conf_bin(record.confidences[i])
                 self.conf_reached[b] += 1.0
                 self.conf_accepted[b] += hit
+
+    def forget(self, keep: float) -> None:
+        """Keep this share of the evidence: a new prompt's text is only partly like the last."""
+        for counts in (self.pos_accepted, self.pos_reached, self.conf_accepted,
+                       self.conf_reached):
+            counts[:] = [c * keep for c in counts]
 
     def _rate(self, accepted: float, reached: float, prior: float) -> float:
         return (accepted + self.prior_weight * prior) / (reached + self.prior_weight)
@@ -92,11 +97,12 @@ class AcceptanceEstimator:
         return 1.0
 
     def observations(self) -> float:
-        return self.pos_reached[0] if self.pos_reached else 0.0
+        return self.verified
 
     def to_dict(self) -> dict:
         return {"pos_accepted": self.pos_accepted, "pos_reached": self.pos_reached,
-                "conf_accepted": self.conf_accepted, "conf_reached": self.conf_reached}
+                "conf_accepted": self.conf_accepted, "conf_reached": self.conf_reached,
+                "verified": self.verified}
 
     @classmethod
     def from_dict(cls, data: dict, **settings) -> "AcceptanceEstimator":
@@ -104,6 +110,7 @@ class AcceptanceEstimator:
         n = est.max_positions
         est.pos_accepted = (list(data.get("pos_accepted", [])) + [0.0] * n)[:n]
         est.pos_reached = (list(data.get("pos_reached", [])) + [0.0] * n)[:n]
+        est.verified = float(data.get("verified", est.pos_reached[0]))
         for name in ("conf_accepted", "conf_reached"):
             values = list(data.get(name, []))
             if len(values) == BINS:

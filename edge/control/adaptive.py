@@ -95,6 +95,14 @@ CLOUD_FAILED_RETRY_ROUNDS = 4     # a cloud run that committed nothing (evicted,
                                   # before its first token): speculative rounds, whose re-opens
                                   # back off on evictions, before the next cloud run
 SAVE_EVERY_ROUNDS = 32
+NEW_TEXT_BLOCKS = 2               # a new prompt's text is measured with this many blocks
+                                  # before the cloud takes it (options.worth_measuring): one
+                                  # block is a coin toss (wifi/laptop: an easy prompt's first
+                                  # block rejected, the rest a cloud run at 0.32x fixed k = 16)
+NEW_TEXT_KEEP = 0.3               # the acceptance evidence kept into a new generation: prompts
+                                  # differ (wifi/laptop, fixed k = 16: 32-229 tok/s by prompt),
+                                  # and forgetting 10% a round took ~9 rejected blocks to see a
+                                  # hard prompt after easy ones
 FLAT_TOLERANCE = 0.02             # the smallest k within 2% of the best rate wins: the rate is
                                   # flat near its optimum at long RTTs, and a shorter block
                                   # drafts (and spends) less for the same speed
@@ -118,7 +126,7 @@ class AdaptivePolicy:
         self.verified_rounds = 0
         self.zero_rounds = 0          # k = 0 rounds in a row
         self.cloud_rounds = 0         # cloud runs in a row
-        self.speculated_this_generation = False   # a speculative round ran since round 0
+        self.generation_blocks = 0    # speculative rounds since round 0
         self._planned: Plan | None = None   # the last plan, until its first record arrives
         self._t_plan = 0.0
         self.last_choice: dict = {}  # what the last plan was based on (reports, tests)
@@ -163,7 +171,7 @@ class AdaptivePolicy:
         margin = 1.0 if self.costs.gen_s.value is not None else CLOUD_UNMEASURED_MARGIN
         if cloud is None or self.score(cloud) <= margin * scores[spec.k]:
             return spec, None
-        new_text = not self.speculated_this_generation
+        new_text = self.generation_blocks < NEW_TEXT_BLOCKS
         if not worth_measuring(self.costs, spec, specs, cloud.rate, new_text):
             return spec, self.cloud_option(view, settled=True)  # nothing to re-decide soon
         if new_text or self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS:
@@ -197,7 +205,8 @@ class AdaptivePolicy:
         costs = self.costs
         if view.round == 0:
             self.drafted = 0
-            self.speculated_this_generation = False
+            self.generation_blocks = 0
+            costs.acceptance.forget(NEW_TEXT_KEEP)
             # the loop prefilled the draft on the prompt unless prefill_first said not to
             costs.unsynced = 0 if self.prefill_first else view.context_length
         mode = self.last_choice.get("mode")
@@ -247,7 +256,7 @@ class AdaptivePolicy:
         self.cap.observe(record)
         if record.mode == "verify":
             self.zero_rounds = self.zero_rounds + 1 if record.drafted == 0 else 0
-            self.speculated_this_generation = True
+            self.generation_blocks += 1
         if record.mode != "cloud":
             self.cloud_rounds = 0
         elif record.committed > 0:

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 PRIOR_DRAFT_S_PER_TOKEN = 0.002   # before the first measured block
 PRIOR_PREFILL_S_PER_TOKEN = 0.0005  # before the first measured multi-token sync
 DRAFT_SPEEDUP_ALPHA = 0.7         # EWMA weight of a draft-time sample below the estimate
+PREFILL_SPIKE_CAP = 2.0           # a prefill sample counts at most this times the estimate
 PRIOR_BYTES_PER_TOKEN = 3.0       # greedy: a varint id and its tag share
 DRAFT_OVERHEAD_BYTES = 8.0        # round, start, tags of an empty Draft
 STALL_FACTOR = 10.0               # a cloud run's gap between tokens this many times its median
@@ -194,7 +195,15 @@ class RoundCosts:
             self.draft_s.add(per_token, DRAFT_SPEEDUP_ALPHA
                              if known is not None and per_token < known else a)
         if record.sync_tokens > 1 and record.sync_s > 0:
-            self.prefill_s.add(record.sync_s / record.sync_tokens, a)
+            # The same for a prefill, and a slow one counts at most PREFILL_SPIKE_CAP times the
+            # estimate: only speculation measures it, and a spike (6.5x measured on wifi/laptop)
+            # priced into every generation's first block can keep speculation from ever being
+            # tried again, so never measured again.
+            per_token, known = record.sync_s / record.sync_tokens, self.prefill_s.value
+            if known is not None:
+                per_token = min(per_token, PREFILL_SPIKE_CAP * known)
+            self.prefill_s.add(per_token, DRAFT_SPEEDUP_ALPHA
+                               if known is not None and per_token < known else a)
         if record.drafted > 0 or record.mode == "local":
             self.unsynced = 0
         if record.mode == "verify" and record.accepted is not None:
