@@ -485,6 +485,27 @@ def test_rewind_moves_the_outage_schedule_with_the_timeline(echo_server):
     assert stats.reset == 1 and stats.accepted == 2 and not stats.in_outage
 
 
+def test_rewind_first_delivers_what_the_last_request_left_in_a_trace_gap(echo_server, tmp_path):
+    """A request's last bytes (a gRPC stream's closing frames) sent into a trace's silent gap
+    are delivered at the gap's end on the old timeline before rewind() moves the link, so the
+    next request on that connection starts on time (before, the bench's second configuration
+    of a unit at lte's offset 0 waited ~0.7 s for the gap)."""
+    trace = tmp_path / "gap.up"  # an opportunity each ms for 0.2 s, none until 1.5 s, period 2 s
+    trace.write_text("".join(f"{t}\n" for t in [*range(0, 200), *range(1500, 2001)]))
+    prof = profile(delay_ms=5.0, uplink=LinkSpec(trace=str(trace)))
+    with ChannelProxy(prof, upstream=echo_server.address) as proxy:
+        with connect(proxy.address) as sock:
+            proxy.rewind(0.0)
+            assert round_trip_ms(sock, b"request") < 100
+            wait_until(lambda: proxy.link_time() > 0.3)       # inside the gap
+            sock.sendall(b"closing")                           # due at link time 1.5 s
+            wait_until(lambda: proxy.stats().uplink.bytes_in == len(b"requestclosing"))
+            proxy.rewind(0.0)
+            assert recv_exactly(sock, 7) == b"closing"         # delivered before the rewind
+            assert proxy.link_time() < 0.1
+            assert round_trip_ms(sock, b"next request") < 100  # the same stretch, on time
+
+
 def test_many_concurrent_connections_and_stats_equal_endpoint_counts(echo_server):
     payloads = [random.Random(i).randbytes(random.Random(i).randrange(1, 200_000)) for i in range(16)]
 

@@ -36,6 +36,7 @@ from bench.channel.trace import PACKET_BYTES
 READ_BYTES = 64 * 1024
 UPSTREAM_CONNECT_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
+DRAIN_TIMEOUT_S = 10.0            # rewind() waits this long at most for the link to go idle
 
 
 def reset_transport(writer: asyncio.StreamWriter) -> None:
@@ -56,6 +57,7 @@ class _Relay:
         self._client = client
         self._upstream = upstream
         self._tasks: list[asyncio.Task] = []
+        self.buffers: list[_PieceBuffer] = []   # both directions' pieces not yet delivered
         self.was_reset = False
 
     async def run(self) -> None:
@@ -83,6 +85,7 @@ class _Relay:
         link, counters = proxy.links[direction], proxy.counters[direction]
         clock = StreamClock()
         buffer = _PieceBuffer()
+        self.buffers.append(buffer)
         deliverer = asyncio.create_task(self._deliver(counters, writer, buffer))
         self._tasks.append(deliverer)
         try:
@@ -165,6 +168,11 @@ class _PieceBuffer:
         self.pending_bytes -= len(item[1])
         self.room.set()
 
+    def last_due(self) -> float | None:
+        """When the last piece still queued is due (None: none is)."""
+        due = [item[0] for item in self.pieces if item is not None]
+        return max(due) if due else None
+
 
 class ChannelProxy:
     """TCP proxy from `listen` to `upstream` through the channel of `profile`."""
@@ -205,16 +213,32 @@ class ChannelProxy:
     def rewind(self, link_time_s: float, seed: str = "") -> None:
         """Put the channel at `link_time_s` of its timeline now, with jitter and loss draws
         started afresh from `seed` (profile seed if empty): a bench replays the same stretch
-        of a trace for every configuration. Call it between requests, while the link is idle;
-        open connections stay open. Thread-safe when the proxy runs in its own thread."""
+        of a trace for every configuration. Call it between requests; open connections stay
+        open. From another thread (the proxy in its own), it first lets what the last request
+        left in flight be delivered on the old timeline (at most DRAIN_TIMEOUT_S): a gRPC
+        stream's closing frames, sent into a trace's silent gap, would otherwise hold up the
+        next request on that connection until the gap's end (measured on lte at offset 0:
+        every configuration but a unit's first started ~0.7 s late)."""
         loop = self._loop
         if self._thread is not None and loop is not None and loop.is_running() \
                 and threading.current_thread() is not self._thread:
             async def on_loop() -> None:
+                await self._drain(DRAIN_TIMEOUT_S)
                 self._rewind(link_time_s, seed)
-            asyncio.run_coroutine_threadsafe(on_loop(), loop).result(STOP_TIMEOUT_S)
+            asyncio.run_coroutine_threadsafe(on_loop(), loop).result(
+                DRAIN_TIMEOUT_S + STOP_TIMEOUT_S)
         else:
             self._rewind(link_time_s, seed)
+
+    async def _drain(self, timeout_s: float) -> None:
+        """Wait until every piece queued on any connection has been delivered."""
+        give_up = self.now() + timeout_s
+        while self.now() < give_up:
+            due = [d for relay in self._relays for b in relay.buffers
+                   if (d := b.last_due()) is not None]
+            if not due:
+                return
+            await asyncio.sleep(min(max(due), give_up) - self.now() + 1e-3)
 
     def _rewind(self, link_time_s: float, seed: str) -> None:
         now = self.now()

@@ -46,10 +46,12 @@ generates; its other inputs (acceptance, draft speed) describe the draft and the
 speculative round is tried every CLOUD_EXPLORE_ROUNDS cloud runs in a row when it is worth
 measuring again (edge/control/options.py worth_measuring): expected within CLOUD_EXPLORE_RATIO
 of the cloud's rate, or, while the acceptance rests on a few verified rounds, is old or is
-about another prompt's text, within THIN_EVIDENCE_RATIO of it at the prior acceptance; a
-generation's first speculative round then comes at once. One rejected first block (0.7 -> 0.45 at
-position 0) must not make speculation look too slow ever to be measured again where the prior
-says it may win (measured on wifi/laptop before: stuck on cloud runs at 0.78x fixed k = 16).
+about another prompt's text, within THIN_EVIDENCE_RATIO (NEW_TEXT_RATIO) of it at the prior
+acceptance. A new prompt is measured at once, with NEW_TEXT_BLOCKS blocks, and keeps only
+NEW_TEXT_KEEP of the acceptance evidence of the prompts before it: prompts differ more than
+rounds of one prompt do. One rejected first block (0.7 -> 0.45 at position 0) must not make
+speculation look too slow ever to be measured again where the prior says it may win (measured
+on wifi/laptop before: stuck on cloud runs at 0.78x fixed k = 16).
 
 Confidence stop, from the same model: one more draft token at confidence p adds beta(p)
 expected tokens (beta = acceptance vs the draft's top probability, at best — when every earlier
