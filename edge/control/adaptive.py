@@ -75,9 +75,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge.control.costs import RoundCosts, save_acceptance
-from edge.control.options import (Option, adapt_q_entries, cloud_run, confidence_floor,
-                                  first_cloud_run, speculations, within_budget,
-                                  worth_measuring)
+from edge.control.options import (Option, adapt_q_entries, best_speculation, cloud_run,
+                                  confidence_floor, drafting_block, first_cloud_run,
+                                  speculations, within_budget, worth_measuring)
 from edge.control.pass_cap import PassCap
 from edge.control.policy import DraftPolicy, Plan, RoundView, register_policy
 from edge.rounds import RoundRecord
@@ -105,9 +105,6 @@ NEW_TEXT_KEEP = 0.3               # the acceptance evidence kept into a new gene
                                   # differ (wifi/laptop, fixed k = 16: 32-229 tok/s by prompt),
                                   # and forgetting 10% a round took ~9 rejected blocks to see a
                                   # hard prompt after easy ones
-FLAT_TOLERANCE = 0.02             # the smallest k within 2% of the best rate wins: the rate is
-                                  # flat near its optimum at long RTTs, and a shorter block
-                                  # drafts (and spends) less for the same speed
 
 
 class AdaptivePolicy:
@@ -162,37 +159,26 @@ class AdaptivePolicy:
         """(the best speculation, the cloud run if it is better), by expected tokens per
         second (under a cap: its Lagrangian score)."""
         specs = self.speculations(view)
-        scores = {o.k: self.score(o) for o in specs}
-        peak = max(scores.values())
-        slack = FLAT_TOLERANCE * abs(peak)
-        spec = min((o for o in specs if scores[o.k] >= peak - slack), key=lambda o: o.k)
+        spec = best_speculation(specs, self.score)
         cloud, measured = self.cloud_option(view), self.costs.channel.measured
         self.last_choice["cloud_rate"] = cloud.rate if cloud is not None and measured else None
         if not measured:
             return spec, cloud
         margin = 1.0 if self.costs.gen_s.value is not None else CLOUD_UNMEASURED_MARGIN
-        if cloud is None or self.score(cloud) <= margin * scores[spec.k]:
+        if cloud is None or self.score(cloud) <= margin * self.score(spec):
             return spec, None
         new_text = self.generation_blocks < NEW_TEXT_BLOCKS
         if not worth_measuring(self.costs, spec, specs, cloud.rate, new_text):
             return spec, self.cloud_option(view, settled=True)  # nothing to re-decide soon
         if new_text or self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS:
-            # measure speculation: at once on a new prompt's text, else now and then; with a
-            # drafted block, which measures what a cloud run does not
-            drafting = [o for o in specs if o.k > 0]
-            return (spec if spec.k > 0 else max(drafting, key=self.score)), None
+            # measure speculation: at once on a new prompt's text, else now and then
+            return drafting_block(spec, specs, self.score), None
         return spec, cloud
 
     def min_confidence(self, spec: Option) -> float:
         if not self.cfg.confidence_stop or self.verified_rounds < 4:
             return 0.0
         return confidence_floor(self.costs, self.cap, self.score(spec))
-
-    def choose_q_entries(self, k: int) -> int:
-        if self.cfg.adapt_q_entries and k > 0:
-            self.q_entries = adapt_q_entries(self.costs, k, self.q_entries,
-                                             self.cfg.min_q_entries, self.max_q_entries)
-        return self.q_entries
 
     # ---- the policy interface -------------------------------------------------------------
 
@@ -224,7 +210,9 @@ class AdaptivePolicy:
             # k: what the loop drafts instead if this verifier does not serve Generate
             self._planned = Plan(k=k, cloud_generate=cloud.n)
             return self._planned
-        q_entries = self.choose_q_entries(k) if view.sampling else None
+        if view.sampling and self.cfg.adapt_q_entries and k > 0:
+            self.q_entries = adapt_q_entries(costs, k, self.q_entries, self.cfg.min_q_entries,
+                                             self.max_q_entries)
         send_ahead = costs.send_ahead_depth(k, min(self.max_send_ahead,
                                                    max(view.max_send_ahead, 1)))
         # Dither: every other round a slightly longer block, so the link's cost per byte can
@@ -240,7 +228,8 @@ class AdaptivePolicy:
         if probe:
             chosen = 1
         self._planned = Plan(k=chosen, min_confidence=self.min_confidence(spec),
-                             q_entries=q_entries, send_ahead=send_ahead,
+                             q_entries=self.q_entries if view.sampling else None,
+                             send_ahead=send_ahead,
                              draft_ahead=self.draft_ahead and chosen > 0 and not probe
                              and costs.ahead_pays(chosen))
         return self._planned

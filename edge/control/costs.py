@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,6 +78,20 @@ def save_acceptance(acceptance: AcceptanceEstimator, path: Path) -> None:
         path.write_text(json.dumps(acceptance.to_dict()))
     except OSError as error:
         log.warning("cannot save the acceptance prior to %s: %s", path, error)
+
+
+def add_device_time(estimate: Ewma, seconds: float, alpha: float,
+                    spike_cap: float = math.inf) -> None:
+    """A sample of the device's seconds per token, faster down than up: its speed is what it
+    can do, and a slow sample is most often a moment of contention (while k = 0 only probes
+    measure the draft). A slow sample counts at most spike_cap times the estimate: only
+    speculation measures the prefill, and a spike (6.5x measured on wifi/laptop) priced into
+    every generation's first block could keep speculation from being tried, so measured,
+    again."""
+    known = estimate.value
+    if known is not None:
+        seconds = min(seconds, spike_cap * known)
+    estimate.add(seconds, DRAFT_SPEEDUP_ALPHA if known is not None and seconds < known else alpha)
 
 
 class RoundCosts:
@@ -188,22 +203,10 @@ class RoundCosts:
         self._expected = None
         steps, busy_s = decode_steps(record)
         if steps > 0 and busy_s > 0:
-            per_token = busy_s / steps
-            # Faster down than up: the device's speed is what it can do; a slow block is most
-            # often a moment of contention, and while k = 0 only probes measure it.
-            known = self.draft_s.value
-            self.draft_s.add(per_token, DRAFT_SPEEDUP_ALPHA
-                             if known is not None and per_token < known else a)
+            add_device_time(self.draft_s, busy_s / steps, a)
         if record.sync_tokens > 1 and record.sync_s > 0:
-            # The same for a prefill, and a slow one counts at most PREFILL_SPIKE_CAP times the
-            # estimate: only speculation measures it, and a spike (6.5x measured on wifi/laptop)
-            # priced into every generation's first block can keep speculation from ever being
-            # tried again, so never measured again.
-            per_token, known = record.sync_s / record.sync_tokens, self.prefill_s.value
-            if known is not None:
-                per_token = min(per_token, PREFILL_SPIKE_CAP * known)
-            self.prefill_s.add(per_token, DRAFT_SPEEDUP_ALPHA
-                               if known is not None and per_token < known else a)
+            add_device_time(self.prefill_s, record.sync_s / record.sync_tokens, a,
+                            PREFILL_SPIKE_CAP)
         if record.drafted > 0 or record.mode == "local":
             self.unsynced = 0
         if record.mode == "verify" and record.accepted is not None:

@@ -3,6 +3,7 @@ tokens it may choose among, each priced by the cost model (edge/control/costs.py
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,9 @@ NEW_TEXT_RATIO = 0.75             # ... or within this on a new prompt, whose te
                                   # k = 16 at 53-276 tok/s by prompt, the cloud ~85; one
                                   # rejected block kept whole generations on cloud runs), not
                                   # on lan/phone
+FLAT_TOLERANCE = 0.02             # the smallest k within 2% of the best rate wins: the rate is
+                                  # flat near its optimum at long RTTs, and a shorter block
+                                  # drafts (and spends) less for the same speed
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,20 @@ class Option:
     @property
     def rate(self) -> float:
         return self.tokens / max(self.seconds, 1e-9)
+
+
+def best_speculation(specs: list[Option], score: Callable[[Option], float]) -> Option:
+    """The speculation of the best score; the smallest k within FLAT_TOLERANCE of it."""
+    peak = max(score(o) for o in specs)
+    slack = FLAT_TOLERANCE * abs(peak)
+    return min((o for o in specs if score(o) >= peak - slack), key=lambda o: o.k)
+
+
+def drafting_block(spec: Option, specs: list[Option],
+                   score: Callable[[Option], float]) -> Option:
+    """What measures speculation: spec, or where that is k = 0 (one target token per round
+    trip, nothing a cloud run does not measure) the best drafting block."""
+    return spec if spec.k > 0 else max((o for o in specs if o.k > 0), key=score)
 
 
 def worth_measuring(costs: RoundCosts, spec: Option, specs: list[Option], cloud_rate: float,
