@@ -56,9 +56,8 @@ def run(policy, link: Link, draft: Draft, rounds: int, rng: random.Random, *,
     clock = getattr(policy, "clock", None)
     for _ in range(rounds):
         view = RoundView(round=first_round + len(history), generated=generated,
-                         remaining=remaining,
-                         max_k=max_k, link_state="up", sampling=sampling, history=history,
-                         max_q_entries=16)
+                         remaining=remaining, max_k=max_k, link_state="up", sampling=sampling,
+                         history=history, max_q_entries=16)
         plan = policy.plan(view)
         jitter = rng.uniform(0, link.jitter_s)
         if plan.cloud_generate:
@@ -376,10 +375,10 @@ def test_each_new_prompt_measures_speculation_where_it_is_near_the_cloud():
     """A Wi-Fi-like link and a fast laptop draft: speculation at the prior acceptance is near
     the cloud's rate, so a generation (a new prompt, whose text the evidence is not about)
     starts with NEW_TEXT_BLOCKS blocks before a long cloud run. Hard prompts: they are rejected
-    and the rest of each generation is one cloud run. Easy prompts next: each starts with a block,
-    and within a few the controller speculates throughout (before, easy prompts started with
-    cloud runs on the hard prompts' evidence: wifi/laptop 0.79x fixed k = 16). A phone draft, far slower than
-    the cloud, never spends that block."""
+    and the rest of each generation is one cloud run. Easy prompts next: each starts with those
+    blocks, and within a few the controller speculates throughout (before, easy prompts started
+    with cloud runs on the hard prompts' evidence: wifi/laptop 0.79x fixed k = 16). A phone
+    draft, far slower than the cloud, never spends them."""
     policy = adaptive(cloud_generate=True)
     link = Link(latency_s=0.011, server_s=0.008)
     rng = random.Random(21)

@@ -35,8 +35,8 @@ THIN_EVIDENCE_RATIO = 0.6         # within this at the prior acceptance: a prior
                                   # lan/phone 0.47-0.57, wifi/phone 0.32-0.39, lte/laptop 0.3.
                                   # A wasted try is bounded: the evidence ends the rule.
 NEW_TEXT_RATIO = 0.75             # ... or within this on a new prompt, whose text the
-                                  # evidence is not about: tried once per generation, so only
-                                  # where speculation is near the cloud (wifi/laptop: fixed
+                                  # evidence is not about: tried at every generation's start,
+                                  # so only where speculation is near the cloud (wifi/laptop: fixed
                                   # k = 16 at 53-276 tok/s by prompt, the cloud ~85; one
                                   # rejected block kept whole generations on cloud runs), not
                                   # on lan/phone
@@ -80,10 +80,11 @@ def worth_measuring(costs: RoundCosts, spec: Option, specs: list[Option], cloud_
     """Whether to try speculation again while the cloud generates: the chosen speculation's
     expected rate is within CLOUD_EXPLORE_RATIO of the cloud's, or while the acceptance rests on
     fewer than EXPLORE_EVIDENCE verified rounds, is STALE_EVIDENCE_TOKENS old or is about other
-    text (new_text: this generation has not speculated yet), its rate at the prior acceptance p
-    (each option's estimated time, E(k) = 1 + p + ... + p^k) is within THIN_EVIDENCE_RATIO of
-    it (NEW_TEXT_RATIO for new text alone). Drafting blocks only: a k = 0 round has nothing to
-    measure that a cloud run does not (it is one target token per round trip)."""
+    text (new_text: this generation has run fewer than adaptive.NEW_TEXT_BLOCKS speculative
+    rounds), its rate at the prior acceptance p (each option's estimated time, E(k) = 1 + p +
+    ... + p^k) is within THIN_EVIDENCE_RATIO of it (NEW_TEXT_RATIO for new text alone).
+    Drafting blocks only: a k = 0 round has nothing to measure that a cloud run does not (it is
+    one target token per round trip)."""
     drafting = [o for o in specs if o.k > 0]
     if not drafting:
         return False
