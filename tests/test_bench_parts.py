@@ -392,3 +392,18 @@ def test_a_channel_can_have_its_own_offsets():
     assert all(flaky.next_outage_start(s) - s == pytest.approx(1.0) for s in starts)
     with pytest.raises(ValueError):
         BenchConfig(channel_offsets={"flaky": 0})
+
+
+def test_workers_take_the_slowest_cells_first():
+    """Cells go to the workers longest expected first, so the run does not end on a long
+    phone cell started last: a throttled draft and a long RTT cost more, offsets multiply."""
+    from bench.bench.runner import Cell
+    from bench.bench.workers import expected_cost
+
+    lan, lte = (load_profile(ROOT / f"configs/channels/{n}.yaml") for n in ("lan", "lte"))
+    laptop, phone = DeviceSpec(name="laptop"), DeviceSpec(name="phone", draft_tokens_per_s=40.0)
+    costs = {(p.name, d.name, n): expected_cost(Cell(d, p, [0.0] * n))
+             for p in (lan, lte) for d in (laptop, phone) for n in (1, 2)}
+    assert costs[("lte", "phone", 1)] > costs[("lte", "laptop", 1)] > costs[("lan", "laptop", 1)]
+    assert costs[("lan", "phone", 1)] > costs[("lan", "laptop", 1)]
+    assert costs[("lte", "phone", 2)] == 2 * costs[("lte", "phone", 1)]

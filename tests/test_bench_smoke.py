@@ -139,3 +139,26 @@ def test_bench_writes_rows_goals_and_plots(tiny_bench, tmp_path, capsys):
     assert "reported from a generations file" in capsys.readouterr().out
     reported = json.loads((again / "bench.json").read_text())
     assert reported["rows"] == rows and reported["goals"] == result["goals"]
+
+
+def test_workers_measure_every_cell_in_their_own_processes(tiny_bench, tmp_path, capsys):
+    """--workers 2: the cells are spread over two spawned processes (each its own verifier and
+    draft), yet every cell has every configuration on every unit, the output is still the
+    target's own, and the table lists the cells in the order of the flags."""
+    config, trace, device = tiny_bench
+    out = tmp_path / "out"
+    names = ["cloud-only", "fixed-k4", "adaptive"]
+    code = main(["bench", "--config", str(config), "--channel", "configs/channels/lan.yaml",
+                 "--held-out-trace", str(trace), "--device", "laptop", "--device", str(device),
+                 "--configs", ",".join(names), "--prompts", "2", "--offsets", "1",
+                 "--max-tokens", "8", "--workers", "2", "--json", str(out / "bench.json"),
+                 "--generations", str(out / "gens.jsonl"), "--plots", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    order = [(c, d) for d in ("laptop", "phone") for c in ("lan", HELD_OUT)]
+    assert [(r["channel"], r["device"], r["config"]) for r in rows] == [
+        (c, d, n) for c, d in order for n in names]
+    assert all(r["agreement"] == 1.0 and r["units"] == 2 for r in rows)
+    lines = [json.loads(line) for line in (out / "gens.jsonl").read_text().splitlines()]
+    assert len(lines) == len(order) * len(names) * 2

@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
     logs.add_argument("--from-generations", type=Path, default=None, metavar="PATH.jsonl",
                       help="run nothing: report the table and the goals of an earlier (or stopped) "
                            "run from its --generations file; give the channel flags it ran with")
+    bench.add_argument("--workers", type=int, default=None, metavar="N",
+                       help="measure N cells (channel x device) at once, one process each "
+                            "(default 1: one cell at a time)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                        help="override any bench config key (repeatable; VALUE is read as YAML)")
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
              "channels": [str(c) for c in args.channel] if args.channel else None,
              "devices": args.device, "offsets": args.offsets,
              "held_out_traces": [str(p) for p in args.held_out_trace] if args.held_out_trace else None,
+             "workers": args.workers,
              "configurations": args.configs.split(",") if args.configs else None}
     config = load_config(args.config, BenchConfig, merge(parse_set_options(args.set), flags),
                          env_prefix="TANDEM_BENCH_")

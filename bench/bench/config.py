@@ -106,6 +106,11 @@ class BenchConfig(Settings):
                                                        "long count for the adaptive-vs-peers goal")
     pipelining_goal_rtt_ms: float = Field(50.0, ge=0, description="profiles with a base RTT at "
                                           "least this long count for the pipelining goal")
+    workers: int = Field(1, ge=1, le=16, description=(
+        "processes measuring cells at once, each with its own verifier and draft (a cell's units "
+        "and configurations stay in one process, interleaved). A cell on a slow link or device "
+        "mostly waits (a phone cell on lte: ~25% of one core), so a few workers cut a full run's "
+        "time; 1 measures each cell alone on the machine"))
 
     @model_validator(mode="after")
     def _known_configurations(self) -> "BenchConfig":

@@ -149,71 +149,126 @@ def from_result(result: GenerationResult, keep_rounds: bool) -> dict:
                 rounds_log=[{f: getattr(r, f) for f in TRACE_FIELDS} for r in log_] if keep_rounds else [])
 
 
+@dataclass
+class Cell:
+    """One (device, channel) of the run and the trace offsets its units start at."""
+    device: DeviceSpec
+    profile: ChannelProfile
+    offsets: list[float]
+
+
+def cells_of(config: BenchConfig, channels: Sequence[ChannelProfile],
+             devices: Sequence[DeviceSpec]) -> list[Cell]:
+    return [Cell(device, profile, offsets_of(profile, config.channel_offsets.get(profile.name, config.offsets)))
+            for device in devices for profile in channels]
+
+
+class CellBench:
+    """What every cell of one process shares, loaded once: the prompts, the target's greedy
+    references, the draft, the verifier on 127.0.0.1 and, per device, the (throttled) draft
+    warmed up on it. `run` measures one cell, unit by unit."""
+
+    def __init__(self, config: BenchConfig, names: Sequence[str]) -> None:
+        self.config, self.names = config, list(names)
+        self.edge = edge_config_of(config)
+        cloud = cloud_config_of(config)
+        tokenizer = EdgeTokenizer(self.edge.draft.resolved_tokenizer_dir)
+        texts = load_prompts(resolve_path(config.prompts_file), config.prompts + config.warmup_requests,
+                             config.prompt_offset, config.max_prompt_chars)
+        self.prompts = [tokenizer.encode(t) for t in texts[:config.prompts]]
+        self.warmups = [tokenizer.encode(t) for t in texts[config.prompts:]]
+        target = TargetRuntime(resolve_path(cloud.model.path), device=cloud.model.device, dtype=cloud.model.dtype)
+        self.references = [target_greedy(target, p, config.max_tokens) for p in self.prompts]
+        self.base_draft = load_draft_runtime(self.edge.draft)
+        self.runs = [match_runs(self.base_draft, p, ref, target.vocab_size)
+                     for p, ref in zip(self.prompts, self.references)]
+        self.server, self.port = create_server(cloud, target)
+        self.server.start()
+        self.drafts: dict[str, DraftRuntime] = {}   # device name -> its draft, warmed up
+
+    def units(self, cell: Cell) -> int:
+        return len(self.prompts) * len(cell.offsets) * len(self.names)
+
+    def draft_of(self, device: DeviceSpec) -> DraftRuntime:
+        if device.name not in self.drafts:
+            draft: DraftRuntime = self.base_draft
+            if device.draft_tokens_per_s or device.prefill_tokens_per_s:
+                draft = ThrottledDraft(self.base_draft, device.draft_tokens_per_s, device.prefill_tokens_per_s)
+            _warm_up(self.edge, self.port, draft, self.warmups, self.config.max_tokens)
+            self.drafts[device.name] = draft
+        return self.drafts[device.name]
+
+    def run(self, cell: Cell, emit: Callable[[Generation], None]) -> None:
+        config, edge, device, profile = self.config, self.edge, cell.device, cell.profile
+        draft = self.draft_of(device)
+        with ChannelProxy(profile, upstream=("127.0.0.1", self.port)) as proxy:
+            host, proxy_port = proxy.address
+            channel = make_channel(edge.cloud, f"{host}:{proxy_port}")
+            try:
+                clients = {}
+                for name in self.names:
+                    cc = client_config(config, edge.client, name, device)
+                    # cloud-only drafts nothing; its client still syncs the draft's cache
+                    # once, which a device would not do at all: let that cost nothing.
+                    own = self.base_draft if name == "cloud-only" else draft
+                    clients[name] = EdgeClient(channel, own, cc, policy=build_policy(name, cc))
+                for i, prompt in enumerate(self.prompts):
+                    for offset in cell.offsets:
+                        for name in self.names:
+                            proxy.rewind(offset, seed=f"{profile.seed}:{config.seed}:{i}:{offset}")
+                            if name != "edge-only":
+                                _reconnect(channel, edge.cloud.max_reconnect_backoff_s + 2.0)
+                            g = _one(config, name, clients[name], draft, device,
+                                     profile.name, i, prompt, self.references[i], self.runs[i])
+                            g.offset_s = offset
+                            emit(g)
+            finally:
+                channel.close()
+
+    def close(self) -> None:
+        self.server.stop(0).wait(30)
+        self.base_draft.close()
+
+
 def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: Sequence[DeviceSpec],
               json_path: Path | None = None, plots_dir: Path | None = None,
               progress: bool = True, on_generation: Callable[[Generation], None] | None = None) -> BenchResult:
+    """Every cell, one after the other in this process, or spread over `config.workers`
+    processes (bench/bench/workers.py); then the report."""
     started = time.monotonic()
     result = BenchResult()
     edge = edge_config_of(config)
-    cloud = cloud_config_of(config)
     names, result.skipped = available_configurations(config, edge.client, devices)
     for name, why in result.skipped.items():
         log.warning("skipping %s: %s", name, why)
-    tokenizer = EdgeTokenizer(edge.draft.resolved_tokenizer_dir)
-    texts = load_prompts(resolve_path(config.prompts_file), config.prompts + config.warmup_requests,
-                         config.prompt_offset, config.max_prompt_chars)
-    prompts = [tokenizer.encode(t) for t in texts[:config.prompts]]
-    warmups = [tokenizer.encode(t) for t in texts[config.prompts:]]
-
-    target = TargetRuntime(resolve_path(cloud.model.path), device=cloud.model.device, dtype=cloud.model.dtype)
-    references = [target_greedy(target, p, config.max_tokens) for p in prompts]
-    base_draft = load_draft_runtime(edge.draft)
-    runs = [match_runs(base_draft, p, ref, target.vocab_size) for p, ref in zip(prompts, references)]
-    server, port = create_server(cloud, target)
-    server.start()
-    offsets = {p.name: offsets_of(p, config.channel_offsets.get(p.name, config.offsets)) for p in channels}
-    total = len(devices) * len(prompts) * len(names) * sum(len(o) for o in offsets.values())
+    cells = cells_of(config, channels, devices)
+    total = config.prompts * len(names) * sum(len(c.offsets) for c in cells)
     bar = tqdm(total=total, unit="gen", disable=not progress, leave=False)
+
+    def emit(g: Generation) -> None:
+        result.generations.append(g)
+        if on_generation is not None:
+            on_generation(g)
+        bar.set_description(f"{g.channel}/{g.device}")
+        bar.update(1)
+
     try:
-        for device in devices:
-            draft: DraftRuntime = base_draft
-            if device.draft_tokens_per_s or device.prefill_tokens_per_s:
-                draft = ThrottledDraft(base_draft, device.draft_tokens_per_s, device.prefill_tokens_per_s)
-            _warm_up(edge, port, draft, warmups, config.max_tokens)
-            for profile in channels:
-                bar.set_description(f"{profile.name}/{device.name}")
-                with ChannelProxy(profile, upstream=("127.0.0.1", port)) as proxy:
-                    host, proxy_port = proxy.address
-                    channel = make_channel(edge.cloud, f"{host}:{proxy_port}")
-                    try:
-                        clients = {}
-                        for name in names:
-                            cc = client_config(config, edge.client, name, device)
-                            # cloud-only drafts nothing; its client still syncs the draft's cache
-                            # once, which a device would not do at all: let that cost nothing.
-                            own = base_draft if name == "cloud-only" else draft
-                            clients[name] = EdgeClient(channel, own, cc, policy=build_policy(name, cc))
-                        for i, prompt in enumerate(prompts):
-                            for offset in offsets[profile.name]:
-                                for name in names:
-                                    proxy.rewind(offset, seed=f"{profile.seed}:{config.seed}:{i}:{offset}")
-                                    if name != "edge-only":
-                                        _reconnect(channel, edge.cloud.max_reconnect_backoff_s + 2.0)
-                                    g = _one(config, name, clients[name], draft, device,
-                                             profile.name, i, prompt, references[i], runs[i])
-                                    g.offset_s = offset
-                                    result.generations.append(g)
-                                    if on_generation is not None:
-                                        on_generation(g)
-                                    bar.update(1)
-                    finally:
-                        channel.close()
+        if config.workers > 1:
+            from bench.bench.workers import run_in_workers
+
+            run_in_workers(config, names, cells, emit)
+        else:
+            bench = CellBench(config, names)
+            try:
+                for cell in cells:
+                    bench.run(cell, emit)
+            finally:
+                bench.close()
     finally:
         bar.close()
-        server.stop(0).wait(30)
-        base_draft.close()
 
     result.elapsed_s = time.monotonic() - started
+    offsets = {c.profile.name: c.offsets for c in cells}
     return report(result, config, channels, devices, offsets, json_path, plots_dir)
 
 
@@ -225,6 +280,9 @@ def report(result: BenchResult, config: BenchConfig, channels: Sequence[ChannelP
     from bench.bench.plots import write_plots
     from bench.bench.results import write_json
 
+    # cells in the order of the flags (workers finish them in any order): device, then channel
+    order = {(p.name, d.name): i for i, (d, p) in enumerate((d, p) for d in devices for p in channels)}
+    result.generations.sort(key=lambda g: order.get((g.channel, g.device), len(order)))
     stats = dict(resamples=config.resamples, confidence=config.confidence, seed=config.seed)
     result.rows = rows_of(result.generations, **stats)
     rtt = {p.name: 2.0 * p.delay_ms for p in channels}
