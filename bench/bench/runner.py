@@ -12,7 +12,8 @@ Per (device, channel) the units run in turn, a unit being one (prompt, trace off
 each unit every configuration, each with the channel rewound to the unit's offset (the same
 stretch of the trace, the same jitter and loss draws), so that all configurations of a unit meet
 the same link and a drift of this shared machine's load hits them alike; the goal ratios are
-then paired per unit (bench/bench/results.py). edge-only runs the
+then paired per unit (bench/bench/results.py). Cells run one after the other in this process
+(CellBench), or in several processes at once (bench/bench/workers.py, `--workers`). edge-only runs the
 draft alone (no verifier); cloud-only asks the verifier to generate (Plan.cloud_generate); the
 oracle drafts exactly the accepted length known in advance (bench/bench/oracle.py).
 """
