@@ -397,7 +397,7 @@ def test_a_channel_can_have_its_own_offsets():
 def test_workers_take_the_slowest_cells_first():
     """Cells go to the workers longest expected first, so the run does not end on a long
     phone cell started last: a throttled draft and a long RTT cost more, offsets multiply."""
-    from bench.bench.runner import Cell
+    from bench.bench.cell import Cell
     from bench.bench.workers import expected_cost
 
     lan, lte = (load_profile(ROOT / f"configs/channels/{n}.yaml") for n in ("lan", "lte"))
