@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import grpc
 
-from bench.bench.channels import offsets_of
 from bench.bench.config import BenchConfig, DeviceSpec, fixed_k
 from bench.bench.device import ThrottledDraft, joules
 from bench.bench.oracle import CloudOnly, OraclePolicy, match_runs, target_greedy
@@ -44,8 +43,8 @@ from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
-
 TRACE_FIELDS = ("t_start_s", "k_asked", "drafted", "accepted", "rtt_s", "server_forward_s", "mode")
+
 
 def edge_config_of(config: BenchConfig) -> EdgeConfig:
     return resolve_paths(load_config(resolve_path(config.edge_config), EdgeConfig, config.edge_overrides))
@@ -119,8 +118,7 @@ class Cell:
 
 def cells_of(config: BenchConfig, channels: Sequence[ChannelProfile],
              devices: Sequence[DeviceSpec]) -> list[Cell]:
-    return [Cell(device, profile, offsets_of(profile, config.channel_offsets.get(profile.name, config.offsets)))
-            for device in devices for profile in channels]
+    return [Cell(device, profile, config.offsets_for(profile)) for device in devices for profile in channels]
 
 
 class CellBench:
@@ -145,9 +143,6 @@ class CellBench:
         self.server, self.port = create_server(cloud, target)
         self.server.start()
         self.drafts: dict[str, DraftRuntime] = {}   # device name -> its draft, warmed up
-
-    def units(self, cell: Cell) -> int:
-        return len(self.prompts) * len(cell.offsets) * len(self.names)
 
     def draft_of(self, device: DeviceSpec) -> DraftRuntime:
         if device.name not in self.drafts:

@@ -83,12 +83,10 @@ def run(args: argparse.Namespace) -> int:
     json_path = args.json if args.json is not None else DEFAULT_OUT / "bench.json"
     plots_dir = args.plots if args.plots is not None else DEFAULT_OUT
     if args.from_generations is not None:
-        from bench.bench.channels import offsets_of
         from bench.bench.runner import BenchResult, report
 
         result = BenchResult(generations=_read_generations(args.from_generations))
-        offsets = {p.name: offsets_of(p, config.channel_offsets.get(p.name, config.offsets))
-                   for p in channels}
+        offsets = {p.name: config.offsets_for(p) for p in channels}
         return _print(report(result, config, channels, devices, offsets, json_path, plots_dir), args)
 
     from bench.bench.runner import run_bench  # loads torch / grpc only when benchmarking

@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from bench.bench.channels import offsets_of
+from bench.channel import ChannelProfile
 from edge.config import DeviceProfile
 from tandem.config import Settings, load_config, resolve_path
 
@@ -111,6 +113,10 @@ class BenchConfig(Settings):
         "and configurations stay in one process, interleaved). A cell on a slow link or device "
         "mostly waits (a phone cell on lte: ~25% of one core), so a few workers cut a full run's "
         "time; 1 measures each cell alone on the machine"))
+
+    def offsets_for(self, profile: ChannelProfile) -> list[float]:
+        """Where the profile's units start: its channel_offsets entry, else `offsets`."""
+        return offsets_of(profile, self.channel_offsets.get(profile.name, self.offsets))
 
     @model_validator(mode="after")
     def _known_configurations(self) -> "BenchConfig":
