@@ -387,7 +387,7 @@ def test_held_out_trace_becomes_a_channel_with_the_base_profiles_delay(tmp_path)
 def test_a_channel_can_have_its_own_offsets():
     config = load_config(ROOT / "configs/bench.yaml", BenchConfig)
     flaky = load_profile(ROOT / "configs/channels/flaky.yaml")
-    starts = offsets_of(flaky, config.channel_offsets["flaky"])
+    starts = config.offsets_for(flaky)   # the one reader the bench and --from-generations use
     # every flaky unit meets an outage window 1 s after its start
     assert all(flaky.next_outage_start(s) - s == pytest.approx(1.0) for s in starts)
     with pytest.raises(ValueError):
