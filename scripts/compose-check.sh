@@ -193,7 +193,7 @@ while read -r kind image context dockerfile args; do
     log=$LOGS/build-${image//[:\/]/_}.log
     say "building $image ($dockerfile on $BASE; log $log)"
     start=$SECONDS
-    docker build --network host "${build_args[@]}" -f "$dockerfile" -t "$image" "$context" </dev/null >"$log" 2>docker build --network host "${build_args[@]}" -f "$dockerfile" -t "$image" "$context" >"$log" 2>&1 \1 \
+    docker build --network host "${build_args[@]}" -f "$dockerfile" -t "$image" "$context" </dev/null >"$log" 2>&1 \
         || { tail -n 30 "$log" >&2; fail "docker build of $image failed ($log)"; }
     steps=$(grep -cE '^Step [0-9]+/|^#[0-9]+ \[' "$log" || true)
     cached=$(grep -cE 'Using cache|CACHED' "$log" || true)
