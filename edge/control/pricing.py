@@ -1,0 +1,97 @@
+"""The adaptive controller's answer to the verifier's price (cloud/price.py; the proto's header
+says what it means): pay for speed only while passes are free.
+
+At price 0 nothing here runs: the controller maximises the user's tokens per second, cloud runs
+allowed (edge/control/adaptive.py). At a price p > 0, among the options expected to keep to the
+user's speed floor F (client.min_tokens_per_s, or the request's own), it maximises
+
+    score = rate / cost ** (PRICE_WEIGHT * p * jitter)
+
+where rate is the option's expected tokens per second (under client.max_passes_per_token, the
+cap's score: the cap stays a hard cap) and cost the verifier's work per committed token, in
+1-token steps:
+
+    speculate k:   (1 + POSITION_COST * k) / E(k)     one pass of k + 1 positions per E(k) tokens
+    cloud run:     1                                  one 1-token step per token
+
+so as the price rises the controller moves to fewer passes per token (speculation instead of
+cloud runs, longer blocks), and at price 1 it takes about the cheapest option that meets the
+floor. When no option is expected to meet it, the fastest is taken (the floor is the user's, the
+price the verifier's: a user is never made slower than F to save passes, and below F speed
+decides). The speed a cloud run is expected at is also held to the verifier's measured time per
+pass: a pace measured while the verifier idled would flatter the cloud once it is loaded.
+
+Many users read the same price; so that they do not all flip at once, each controller scales the
+exponent by its own jitter drawn once in [1 - PRICE_JITTER, 1 + PRICE_JITTER] (identical users
+then switch at different prices, and the load moves smoothly), and the kind of round it runs now
+(speculate or cloud) keeps a STAY_BONUS edge (no flapping on a price near a user's switch point).
+The server smooths the price over about a second (cloud/price.py), so one slow pass moves no one.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from edge.control.costs import RoundCosts
+from edge.control.options import Option
+
+PRICE_WEIGHT = 8.0    # the exponent at price 1: a 10% cheaper option wins unless the other is
+                      # more than 1.1^8 = 2.1x faster, speculation at half a cloud run's cost
+                      # unless the cloud is 2^8 = 256x faster: about "the cheapest that meets
+                      # the floor"; at price 0.25 the cloud must be 4x faster than speculating
+                      # at half its cost (phone on lte: cloud runs 70-80 tok/s, speculation 15-23)
+POSITION_COST = 0.1   # a pass's cost grows by this share of a 1-token step per drafted position:
+                      # this CPU (compute-bound) ~0.18 ([64, 5] ~ 1.7x [64, 1]), a GPU ~0
+                      # (memory-bound); between them, so a long block is not taken as free
+PRICE_JITTER = 0.3    # each controller's exponent is scaled by a draw in 1 -/+ this
+STAY_BONUS = 1.1      # the kind of round running now wins ties within this factor
+
+Score = Callable[[Option], float]
+
+
+def draw_jitter(rng: random.Random) -> float:
+    """One controller's scale of the price's exponent (drawn once per controller)."""
+    return 1.0 + PRICE_JITTER * (2.0 * rng.random() - 1.0)
+
+
+def pass_cost(option: Option) -> float:
+    """The verifier's work per committed token, in 1-token steps."""
+    if option.kind == "cloud":
+        return 1.0
+    return option.passes * (1.0 + POSITION_COST * option.k) / max(option.tokens, 1e-9)
+
+
+def priced(base: Score, price: float, jitter: float = 1.0) -> Score:
+    """base (tokens/s, or the cap's score) discounted by the option's cost at the price."""
+    exponent = PRICE_WEIGHT * price * jitter
+
+    def score(option: Option) -> float:
+        value, discount = base(option), pass_cost(option) ** exponent
+        return value / discount if value > 0 else value * discount
+
+    return score
+
+
+def staying(score: Score, incumbent: str | None) -> Score:
+    """score with the STAY_BONUS edge for options of the kind running now."""
+    def stay(option: Option) -> float:
+        value = score(option)
+        if option.kind != incumbent:
+            return value
+        return value * STAY_BONUS if value > 0 else value / STAY_BONUS
+
+    return stay
+
+
+def meeting_floor(options: list[Option], floor: float) -> list[Option]:
+    """The options expected at least `floor` tokens per second (none: an empty list)."""
+    return [o for o in options if o.rate >= floor]
+
+
+def paced_by_verifier(costs: RoundCosts, cloud: Option) -> Option:
+    """A cloud run no faster than the verifier's measured time per pass allows (each of its
+    tokens is a pass; the pace a cloud run last measured may be from an idle verifier)."""
+    floor_s = costs.channel.latency_s + cloud.n * costs.channel.server_s()
+    if cloud.seconds >= floor_s:
+        return cloud
+    return Option("cloud", cloud.tokens, floor_s, cloud.passes, n=cloud.n)
