@@ -271,7 +271,8 @@ compose --profile loadgen run --rm -T loadgen >"$LOGS/loadgen.log" 2>&1 \
     || { tail -n 20 "$LOGS/loadgen.log" >&2; fail "loadgen reported errors ($LOGS/loadgen.log)"; }
 # Its table (header, dashes, one "run" row) as "column value" pairs; cells are 2+ spaces apart.
 SUMMARY+=(" loadgen: $(awk -F '  +' '/^-+(  -+)*$/ {split(prev, h)} {prev = $0}
-    $1 == "run" {for (i = 2; i <= NF; i++) printf "%s%s %s", (i > 2 ? ", " : ""), h[i], $i}' "$LOGS/loadgen.log") ")
+    $1 == "run" {for (i = 2; i <= NF; i++) if (h[i] ~ /^(req|errors|verified|verified tok\/s|tau)$/)
+                     printf "%s%s %s", (n++ ? ", " : ""), h[i], $i}' "$LOGS/loadgen.log") ")
 
 step "channel $TANDEM_CHANNEL -> $SWITCH_TO"
 FIRST=$TANDEM_CHANNEL
