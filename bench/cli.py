@@ -5,8 +5,8 @@
       workload through the daemon's HTTP API, a table per profile, JSON and PNG plots
   tandem loadgen --url http://HOST:8080 --requests N [--concurrency C]
       the same workload against a running daemon (docker-compose's loadgen service)
-  tandem load --streams N --duration S [--max-tokens T]
-      N concurrent streams through a daemon against one verifier (both started as processes):
+  tandem load --streams N --duration S [--max-tokens T] [--verifiers V]
+      N concurrent streams through a daemon against V verifiers (all started as processes):
       tokens/s total and per stream, p50/p99 TTFT and TPOT, verifier batch sizes, peak RSS
   tandem bench [--config configs/bench.yaml] [--channel FILE.yaml ...] [--device NAME ...]
                [--json PATH] [--plots DIR] [--prompts N] [--offsets N|S,S] [--max-tokens M]
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from bench.bench.cli import add_parser as add_bench_parser
+from bench.capacity.cli import add_parser as add_capacity_parser
 from tandem.cli import add_version, fail
 from tandem.config import ConfigError, load_config, merge, parse_set_options, resolve_path
 
@@ -80,7 +81,8 @@ def _load(args: argparse.Namespace) -> int:
                          max_tokens=args.max_tokens, temperature=args.temperature,
                          prompts_file=resolve_path(args.prompts_file), prompt_offset=args.offset,
                          url=args.url, cloud=args.cloud, pids=pids, log_dir=args.log_dir,
-                         cloud_args=args.cloud_arg, edge_args=args.edge_arg)
+                         cloud_args=args.cloud_arg, edge_args=args.edge_arg,
+                         verifiers=args.verifiers)
     print(report.table())
     for error in report.first_errors:
         print(f"error: {error}", file=sys.stderr)
@@ -93,7 +95,7 @@ def _load(args: argparse.Namespace) -> int:
                             max_tokens=args.max_tokens, temperature=args.temperature,
                             prompts_file=resolve_path(args.prompts_file),
                             prompt_offset=args.offset, log_dir=args.log_dir / "cloud-only",
-                            cloud_args=args.cloud_arg,
+                            cloud_args=args.cloud_arg, verifiers=args.verifiers,
                             edge_args=[*args.edge_arg, "--set", "client.draft_length=0"])
         print("cloud-only (k = 0 rounds: the target decoding alone, same streams):")
         print(alone.table())
@@ -154,7 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     many.add_argument("--prompts-file", type=Path, default=Path("models/prompts/heldout.jsonl"))
     many.add_argument("--offset", type=int, default=0, help="index of the first prompt")
     many.add_argument("--url", default=None, help="a running daemon (default: start one)")
-    many.add_argument("--cloud", default=None, help="its verifier HOST:PORT, for batch sizes")
+    many.add_argument("--cloud", default=None, help="its verifier HOST:PORT (several: "
+                                                    "comma-separated), for batch sizes")
+    many.add_argument("--verifiers", type=int, default=1, help=(
+        "verifiers to start, all behind the daemon (its cloud.load_balancing: round_robin by "
+        "default; --edge-arg=--set --edge-arg=cloud.load_balancing=ring_hash for affinity)"))
     many.add_argument("--pid", action="append", default=[], metavar="NAME=PID",
                       help="with --url: processes whose peak RSS to report")
     many.add_argument("--cloud-arg", action="append", default=[],
@@ -169,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     many.set_defaults(run=_load)
 
     add_bench_parser(sub)
+    add_capacity_parser(sub)
     ladder = sub.add_parser("ladder", help="the edge model ladder and fast mode: switching vs each "
                                            "local model alone, fast-mode curve (bench/ladder.py; "
                                            "`tandem ladder -h` for its options)", add_help=False)

@@ -122,6 +122,10 @@ class BatchSettings(Settings):
     max_batch: int = Field(64, ge=1, le=1024, description=(
         "most sessions in one forward pass (passes read the KV slots in place: one pass for all "
         "waiting sessions is the cheapest)"))
+    target_queue_ms: float = Field(10.0, ge=0, le=60_000, description=(
+        "the verifier's price (cloud/price.py: edges that read it spend fewer passes per token "
+        "while it is high) is 0 while rounds wait at most this long for their forward pass "
+        "(smoothed) and rises to 1 at twice this; 0 = always 1, a very large value = always 0"))
 
 
 class VllmSettings(Settings):

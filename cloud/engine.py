@@ -25,6 +25,7 @@ from cloud.errors import (ContextTooLong, InvalidRequest, ModelNotServed, Precon
                           SessionNotFound, ZeroDraftProbability)
 from cloud.identity import TargetIdentity, identify
 from cloud.metrics import VerifierMetrics
+from cloud.price import PassPrice
 from cloud.runtime.target import TargetRuntime
 from cloud.runtime.torch_backend import TorchBackend
 from cloud.sessions import Session, SessionTable
@@ -151,10 +152,13 @@ class Engine:
         # What edges check on every open: the served name and a hash of weights and tokenizer.
         self.identity: TargetIdentity = getattr(runtime, "identity", None) or identify(
             runtime.model_dir, runtime.name, runtime.fingerprint)
+        # The price edges read (cloud/price.py), from every job's wait for its pass.
+        self.price = PassPrice(batch.target_queue_ms)
         self.metrics = VerifierMetrics(model=runtime.name)
         self.metrics.watch(sessions=lambda: self.table.active,
                            kv_bytes=lambda: self.table.used_bytes,
                            kv_budget_bytes=limits.kv_budget_bytes)
+        self.metrics.watch_price(self.price.value, self.price.queue_delay_ms)
         self.batcher = getattr(runtime, "batcher", None)  # the torch backend's; None on vLLM
         # The coded q format this verifier accepts (tandem/qcodec.py), and the time spent
         # decoding it (benchmarks read it: bench/e2e_report.py).
@@ -186,7 +190,8 @@ class Engine:
         started = time.perf_counter()
         try:
             if len(context) > 1:
-                self.runtime.submit(state, context[:-1], alone=True, rows=0).result()
+                prefill = self.runtime.submit(state, context[:-1], alone=True, rows=0).result()
+                self.price.observe(prefill.queue_ms)
         except BaseException:
             self.table.remove(session)
             raise
@@ -241,6 +246,7 @@ class Engine:
             block = [session.pending_token, *request.unverified] + request.tokens
             check = self._round_check(session, request, q)
             result = self.runtime.submit(session.state, block, rows=k + 1, check=check).result()
+            self.price.observe(result.queue_ms)
             verdict, verify_ms = result.verdict, result.verify_ms
             if verdict is None:  # the backend only scored: test here
                 verify_started = time.perf_counter()
@@ -314,6 +320,7 @@ class Engine:
                 self._log_end(victim, "evicted")
             try:
                 result = self.runtime.submit(session.state, [session.pending_token]).result()
+                self.price.observe(result.queue_ms)
                 logits = result.logits[-1]                                    # [vocab]
                 if session.params.greedy:
                     token = int(logits.argmax())

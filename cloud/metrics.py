@@ -76,12 +76,21 @@ class VerifierMetrics:
                               namespace=ns, registry=reg)
         self.kv_cache_bytes = Gauge("verifier_kv_cache_bytes", "KV-cache bytes the sessions "
                                     "hold now", ("model",), namespace=ns, registry=reg)
+        self.price = Gauge("verifier_price", "the price edges read in every verdict, 0..1: 0 "
+                           "while rounds wait at most batch.target_queue_ms for their pass, 1 "
+                           "from twice that (cloud/price.py)", ("model",), namespace=ns,
+                           registry=reg)
+        self.queue_delay_seconds = Gauge("verifier_queue_delay_seconds", "the smoothed time a "
+                                         "job waits for its forward pass (the price's input)",
+                                         ("model",), namespace=ns, registry=reg)
         self.kv_budget_bytes = Gauge("verifier_kv_budget_bytes", "KV-cache bytes all sessions "
                                      "may hold (limits.kv_budget_bytes)", ("model",),
                                      namespace=ns, registry=reg)
         for metric in (self.sessions_opened, self.evictions, self.rounds, self.prefill_tokens,
                        self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens):
             metric.labels(**labels)  # present (at 0) from the start
+        self.price.labels(**labels)
+        self.queue_delay_seconds.labels(**labels)
 
     # ---- gauges read when scraped ----------------------------------------------------------
 
@@ -90,6 +99,11 @@ class VerifierMetrics:
         self.sessions.labels(model=self._model).set_function(sessions)
         self.kv_cache_bytes.labels(model=self._model).set_function(kv_bytes)
         self.kv_budget_bytes.labels(model=self._model).set(kv_budget_bytes)
+
+    def watch_price(self, price: Callable[[], float], queue_delay_ms: Callable[[], float]) -> None:
+        self.price.labels(model=self._model).set_function(price)
+        self.queue_delay_seconds.labels(model=self._model).set_function(
+            lambda: queue_delay_ms() / 1000.0)
 
     # ---- hooks -----------------------------------------------------------------------------
 

@@ -104,7 +104,8 @@ class DecodingServicer(pb_grpc.DecodingServicer):
                             limits=_limits(self.engine), device=str(runtime.device),
                             dtype=runtime.dtype, active_sessions=self.engine.table.active,
                             target=_identity(self.engine.identity),
-                            batches=_batch_stats(self.engine))
+                            batches=_batch_stats(self.engine), price=self.engine.price.value(),
+                            queue_delay_ms=self.engine.price.queue_delay_ms())
 
 
 def _batch_stats(engine: Engine) -> pb.BatchStats:
@@ -141,6 +142,7 @@ class _Stream:
         self.admission = admission
         self.key = key
         self.session: Session | None = None
+        self.priced = False  # the edge offered Open.priced: its replies carry the price
         self._lock = threading.Lock()  # end() also runs from gRPC's termination callback
         self._left = False
 
@@ -175,10 +177,17 @@ class _Stream:
             mode=int(message.mode), q_codecs=tuple(message.q_codecs)))
         with self._lock:
             self.session = opened.session
-        return pb.ServerMessage(opened=pb.Opened(
-            session_id=opened.session.session_id, limits=_limits(self.engine),
-            load=opened.load, prefill_ms=opened.prefill_ms, q_codec=opened.q_codec,
-            target=_identity(self.engine.identity)))
+        self.priced = message.priced
+        reply = pb.Opened(session_id=opened.session.session_id, limits=_limits(self.engine),
+                          load=opened.load, prefill_ms=opened.prefill_ms, q_codec=opened.q_codec,
+                          target=_identity(self.engine.identity))
+        if self.priced:  # an older edge did not offer: its Opened stays as it was
+            reply.priced, reply.price = True, self._price()
+        return pb.ServerMessage(opened=reply)
+
+    def _price(self) -> float:
+        """The price for this session's replies: 0 (not sent) unless it offered Open.priced."""
+        return self.engine.price.value() if self.priced else 0.0
 
     def _draft(self, message: pb.Draft) -> pb.ServerMessage:
         _check_draft_sizes(message, self.engine)
@@ -192,7 +201,8 @@ class _Stream:
             in_flight=max(message.in_flight, 1)))
         if isinstance(result, Discarded):
             return pb.ServerMessage(verdict=pb.Verdict(
-                round=result.round, discarded=True, context_length=result.context_length))
+                round=result.round, discarded=True, context_length=result.context_length,
+                price=self._price()))
         if isinstance(result, EvictedNotice):
             self.end("evicted")
             return pb.ServerMessage(evicted=pb.Evicted(session_id=result.session_id,
@@ -202,7 +212,8 @@ class _Stream:
             round=result.round, accepted=result.verdict.accepted, token=result.verdict.token,
             context_length=result.context_length,
             timings=pb.Timings(queue_ms=timings.queue_ms, forward_ms=timings.forward_ms,
-                               verify_ms=timings.verify_ms, batch_size=timings.batch_size)))
+                               verify_ms=timings.verify_ms, batch_size=timings.batch_size),
+            price=self._price()))
 
     def _generate(self, message: pb.Generate) -> Iterator[pb.ServerMessage]:
         tokens = self.engine.generate(self.session, GenerateRequest(
@@ -218,7 +229,8 @@ class _Stream:
             yield pb.ServerMessage(generated=pb.Generated(
                 round=message.round, token=item.token, context_length=item.context_length,
                 done=item.done, timings=pb.Timings(queue_ms=t.queue_ms, forward_ms=t.forward_ms,
-                                                   batch_size=t.batch_size)))
+                                                   batch_size=t.batch_size),
+                price=self._price()))
 
     def end(self, reason: str) -> None:
         with self._lock:

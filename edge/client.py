@@ -62,6 +62,10 @@ class GenerationRequest:
     # offline.py); None = client.offline. offline_wait_s: None = client.offline_wait_s.
     offline: str | None = None
     offline_wait_s: float | None = None
+    # The speed this request needs (tokens/s): under a priced verifier's load the adaptive
+    # controller spends fewer passes per token only while it keeps to it. None = the client's
+    # client.min_tokens_per_s.
+    min_tokens_per_s: float | None = None
 
 
 MODES = ("lossless", "fast")
@@ -120,6 +124,8 @@ class EdgeClient:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if request.max_unverified_run is not None and request.max_unverified_run < 0:
             raise ValueError(f"max_unverified_run must be >= 0, got {request.max_unverified_run}")
+        if request.min_tokens_per_s is not None and not request.min_tokens_per_s >= 0:
+            raise ValueError(f"min_tokens_per_s must be >= 0, got {request.min_tokens_per_s}")
         if request.offline is not None and request.offline not in OFFLINE_MODES:
             raise ValueError(f"offline must be one of {OFFLINE_MODES}, got {request.offline!r}")
         offline = OfflineControl(self.config, self.monitor, request.offline,

@@ -109,7 +109,7 @@ class Generation:
         if max_k is None:
             state.result.finish_reason = "length"  # no round fits the context
             return
-        view = state.view(max_k, ctx.caps, ctx.link.load, tuple(ctx.cursors))
+        view = state.view(max_k, ctx.caps, ctx.link.load, tuple(ctx.cursors), ctx.link.price)
         plan = gate.gate(state.policy.plan(view), ctx.cursors)
         plan, k = gate.bound(plan, min(max(plan.k, 0), max_k))
         t_start = state.elapsed()

@@ -66,15 +66,18 @@ class GenerationState:
         return time.monotonic() - self.t0
 
     def view(self, max_k: int, caps: Caps, server_load: float,
-             drafters: tuple[str, ...]) -> RoundView:
-        """What the policy sees before a round."""
+             drafters: tuple[str, ...], price: float = 0.0) -> RoundView:
+        """What the policy sees before a round (price: the verifier's, as the link last
+        heard it)."""
         return RoundView(round=len(self.result.rounds_log), generated=self.generated,
                          remaining=self.remaining, max_k=max_k,
                          link_state="offline" if self.local else "up",
                          sampling=not self.request.sampling.greedy,
                          history=self.result.rounds_log, context_length=len(self.context),
                          max_q_entries=caps.q_entries(), server_load=server_load,
-                         fast=self.gate.fast, max_send_ahead=caps.window(), drafters=drafters)
+                         fast=self.gate.fast, max_send_ahead=caps.window(), drafters=drafters,
+                         price=price,
+                         min_tokens_per_s=getattr(self.request, "min_tokens_per_s", None))
 
     # ---- the end of a round ---------------------------------------------------------------
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import random
 
-from test_control import Draft, Link, SimClock, adaptive
+from test_control import Draft, Link, adaptive
 
-from edge.config import AdaptiveConfig, ClientConfig, DeviceProfile
-from edge.control.adaptive import AdaptivePolicy
+from edge.config import ClientConfig
 from edge.control.options import Option
 from edge.control.policy import RoundView
-from edge.control.pricing import (PRICE_JITTER, STAY_BONUS, pass_cost, priced, staying)
+from edge.control.pricing import (PRICE_JITTER, STAY_BONUS, PriceResponse, pass_cost, priced,
+                                  staying)
 from edge.rounds import RoundRecord
 
 PHONE = Draft(alpha=0.75, s_per_token=0.025)     # a ~40 tok/s phone draft
@@ -150,9 +150,8 @@ def test_identical_users_switch_at_different_prices():
     load a few users at a time, not all at once."""
     switch_at = []
     for seed in range(20):
-        policy = AdaptivePolicy(ClientConfig(policy="adaptive", device=DeviceProfile(),
-                                             adaptive=AdaptiveConfig(cloud_generate=True)),
-                                clock=SimClock(), rng=random.Random(seed))
+        policy = adaptive(cloud_generate=True)
+        policy.pricing = PriceResponse(policy.pricing.min_tokens_per_s, random.Random(seed))
         run(policy, LTE, PHONE, 40, random.Random(1))  # the same rounds for every one
         view = RoundView(round=1, generated=1000, remaining=1000, max_k=32, link_state="up",
                          sampling=False, history=[], max_q_entries=16)

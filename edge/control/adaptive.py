@@ -36,6 +36,10 @@ pass_cap.py). Losslessness does not depend on the choice: every option commits o
 the target chose or accepted. Generating locally without the verifier is the loop's offline
 path (edge/link/offline.py), never chosen here: a lossless request has no unverified option.
 
+The verifier's price (RoundView.price, cloud/price.py): at 0 all of the above; above 0 the
+choice among the same options weighs each one's passes per token against its speed, never below
+the user's speed floor (edge/control/pricing.py has the rule).
+
 Where each part lives: the cost model and what measures it (N, T, draft-ahead's gain,
 send-ahead's depth) in edge/control/costs.py, the options in edge/control/options.py, the cap
 in edge/control/pass_cap.py; this module chooses, plans the round and feeds the record back.
@@ -80,6 +84,7 @@ from edge.control.options import (Option, adapt_q_entries, best_speculation, clo
                                   speculations, within_budget, worth_measuring)
 from edge.control.pass_cap import PassCap
 from edge.control.policy import DraftPolicy, Plan, RoundView, register_policy
+from edge.control.pricing import PriceResponse
 from edge.rounds import RoundRecord
 
 if TYPE_CHECKING:
@@ -113,6 +118,7 @@ class AdaptivePolicy:
     def __init__(self, config: "ClientConfig",
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = config.adaptive
+        self.pricing = PriceResponse(config.min_tokens_per_s)  # its floor and own jitter
         self.device = config.device
         self.max_q_entries = config.max_q_entries
         self.draft_ahead = config.draft_ahead
@@ -135,13 +141,11 @@ class AdaptivePolicy:
 
     # ---- the options ----------------------------------------------------------------------
 
-    def fits_budget(self, k: int, view: RoundView) -> bool:
-        return within_budget(self.device, self.costs, k, self.drafted, view.generated)
-
     def speculations(self, view: RoundView) -> list[Option]:
         top = min(self.cfg.max_draft_length, view.max_k)
-        return speculations(self.costs, view, [k for k in range(top + 1)
-                                               if self.fits_budget(k, view)], self.draft_ahead)
+        ks = [k for k in range(top + 1)
+              if within_budget(self.device, self.costs, k, self.drafted, view.generated)]
+        return speculations(self.costs, view, ks, self.draft_ahead)
 
     def cloud_option(self, view: RoundView, settled: bool = False) -> Option | None:
         """The cloud run to weigh (None: not allowed now), the first one (unmeasured) apart."""
@@ -158,29 +162,28 @@ class AdaptivePolicy:
         return self.cap.score(option.tokens, option.seconds, option.passes)
 
     def choose(self, view: RoundView) -> tuple[Option, Option | None]:
-        """(the best speculation, the cloud run if it is better), by expected tokens per
-        second (under a cap: its Lagrangian score)."""
+        """(the best speculation, the cloud run if better) by tokens/s, a cap's or a price's."""
         specs = self.speculations(view)
-        spec = best_speculation(specs, self.score)
         cloud, measured = self.cloud_option(view), self.costs.channel.measured
         self.last_choice["cloud_rate"] = cloud.rate if cloud is not None and measured else None
-        if not measured:
-            return spec, cloud
-        margin = 1.0 if self.costs.gen_s.value is not None else CLOUD_UNMEASURED_MARGIN
-        if cloud is None or self.score(cloud) <= margin * self.score(spec):
+        if view.price > 0:  # passes are not free
+            spec, cloud, score = self.pricing.choose(self.costs, view, specs, cloud, self.score,
+                                                     self.last_choice.get("mode"))
+        else:
+            spec, score = best_speculation(specs, self.score), self.score
+            if not measured:
+                return spec, cloud
+            margin = 1.0 if self.costs.gen_s.value is not None else CLOUD_UNMEASURED_MARGIN
+            cloud = None if cloud is None or score(cloud) <= margin * score(spec) else cloud
+        if cloud is None:
             return spec, None
         new_text = self.generation_blocks < NEW_TEXT_BLOCKS
         if not worth_measuring(self.costs, spec, specs, cloud.rate, new_text):
             return spec, self.cloud_option(view, settled=True)  # nothing to re-decide soon
         if new_text or self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS:
             # measure speculation: at once on a new prompt's text, else now and then
-            return drafting_block(spec, specs, self.score), None
+            return drafting_block(spec, specs, score), None
         return spec, cloud
-
-    def min_confidence(self, spec: Option) -> float:
-        if not self.cfg.confidence_stop or self.verified_rounds < 4:
-            return 0.0
-        return confidence_floor(self.costs, self.cap, self.score(spec))
 
     # ---- the policy interface -------------------------------------------------------------
 
@@ -225,11 +228,13 @@ class AdaptivePolicy:
         chosen = k
         if self.cfg.dither and k >= 2 and self.verified_rounds % 2:
             longer = min(k + max(1, k // 4), self.cfg.max_draft_length, view.max_k)
-            chosen = longer if self.fits_budget(longer, view) else k
+            chosen = longer if within_budget(self.device, costs, longer, self.drafted,
+                                             view.generated) else k
         probe = k == 0 and view.max_k > 0 and self.zero_rounds >= PROBE_AFTER_ZERO_ROUNDS
-        if probe:
-            chosen = 1
-        self._planned = Plan(k=chosen, min_confidence=self.min_confidence(spec),
+        chosen = 1 if probe else chosen
+        stop = self.cfg.confidence_stop and self.verified_rounds >= 4  # the confidence stop
+        self._planned = Plan(k=chosen, min_confidence=confidence_floor(
+                                 costs, self.cap, self.score(spec)) if stop else 0.0,
                              q_entries=self.q_entries if view.sampling else None,
                              send_ahead=send_ahead,
                              draft_ahead=self.draft_ahead and chosen > 0 and not probe

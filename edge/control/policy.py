@@ -12,7 +12,7 @@ registry below; other modules add theirs with `@register_policy("name")`.
 
 Contract notes (differences from the sketch in coord/TEAM.md, all additive): RoundView carries
 a few more read-only facts with defaults (context_length, max_q_entries, max_send_ahead,
-drafters, server_load); Plan is unchanged.
+drafters, server_load, price, min_tokens_per_s); Plan is unchanged.
 """
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ class RoundView:
     drafters: tuple[str, ...] = ()  # local models available ("" = the default one)
     server_load: float = 0.0        # the verifier's share of its session budget in use, 0..1
     fast: bool = False              # the request is in fast mode: skippable blocks go unverified
+    price: float = 0.0              # the verifier's price, 0..1, as its last reply said (0 from
+                                    # one that does not price its passes: cloud/price.py)
+    min_tokens_per_s: float | None = None  # the request's speed floor; None = the client's
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ import random
 from collections.abc import Callable
 
 from edge.control.costs import RoundCosts
-from edge.control.options import Option
+from edge.control.options import Option, best_speculation
+from edge.control.policy import RoundView
 
 PRICE_WEIGHT = 8.0    # the exponent at price 1: a 10% cheaper option wins unless the other is
                       # more than 1.1^8 = 2.1x faster, speculation at half a cloud run's cost
@@ -49,9 +50,36 @@ STAY_BONUS = 1.1      # the kind of round running now wins ties within this fact
 Score = Callable[[Option], float]
 
 
-def draw_jitter(rng: random.Random) -> float:
-    """One controller's scale of the price's exponent (drawn once per controller)."""
-    return 1.0 + PRICE_JITTER * (2.0 * rng.random() - 1.0)
+class PriceResponse:
+    """One controller's answer to the price: its floor and its own jitter."""
+
+    def __init__(self, min_tokens_per_s: float, rng: random.Random | None = None) -> None:
+        self.min_tokens_per_s = min_tokens_per_s  # client.min_tokens_per_s
+        self.jitter = 1.0 + PRICE_JITTER * (2.0 * (rng or random.Random()).random() - 1.0)
+
+    def choose(self, costs: RoundCosts, view: RoundView, specs: list[Option],
+               cloud: Option | None, base: Score, running: str | None
+               ) -> tuple[Option, Option | None, Score]:
+        """(the speculation to draft, the cloud run when it wins, the score that chose) at
+        view.price > 0: among the options that keep to the floor (the request's, else the
+        client's) the best base score discounted by their cost; the fastest when none does.
+        Before the link is measured: speculation, which measures it at no pass per token.
+        running: the kind of round the controller runs now (it keeps the STAY_BONUS)."""
+        score = priced(base, view.price, self.jitter)
+        if not costs.channel.measured:
+            return best_speculation(specs, score), None, score
+        cloud = paced_by_verifier(costs, cloud) if cloud is not None else None
+        floor = self.min_tokens_per_s if view.min_tokens_per_s is None \
+            else view.min_tokens_per_s
+        options = specs + ([cloud] if cloud is not None else [])
+        pool = meeting_floor(options, floor)
+        if not pool:  # below the floor speed decides (the fastest, as at price 0)
+            pool, score = options, base
+        spec = best_speculation([o for o in pool if o.kind == "speculate"] or specs, score)
+        ranked = staying(score, running)
+        if cloud is None or cloud not in pool or (spec in pool and ranked(cloud) <= ranked(spec)):
+            return spec, None, score
+        return spec, cloud, score
 
 
 def pass_cost(option: Option) -> float:

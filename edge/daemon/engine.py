@@ -84,6 +84,7 @@ class GenerationJob:
     ignore_eos: bool = False          # do not stop at the tokenizer's end of text
     offline: str | None = None        # continue | wait | require_verified; None = client's
     offline_wait_s: float | None = None
+    min_tokens_per_s: float | None = None  # speed floor under a priced verifier; None = client
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,8 @@ class Engine:
                              stop_strings=tuple(req.stop_strings), draft_length=req.draft_length,
                              trace=req.tandem_trace, mode=req.mode,
                              max_unverified_run=req.max_unverified_run, ignore_eos=req.ignore_eos,
-                             offline=req.offline, offline_wait_s=req.offline_wait_s)
+                             offline=req.offline, offline_wait_s=req.offline_wait_s,
+                             min_tokens_per_s=req.min_tokens_per_s)
 
     # ---- running ------------------------------------------------------------------------
 
@@ -325,7 +327,8 @@ class Engine:
                                     sampling=job.sampling, draft_length=job.draft_length,
                                     mode=job.mode, max_unverified_run=job.max_unverified_run,
                                     stop_ids=stop_ids, offline=job.offline,
-                                    offline_wait_s=job.offline_wait_s)
+                                    offline_wait_s=job.offline_wait_s,
+                                    min_tokens_per_s=job.min_tokens_per_s)
         rounds: list[RoundRecord] = []  # as they happen, for the link state
         try:
             result = client.generate(request, on_tokens, on_round=rounds.append, stop_event=halt)

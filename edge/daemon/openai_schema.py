@@ -9,8 +9,8 @@ than silently ignored, because the output must stay the target's. Numbers are ch
 the ranges the wire can carry (seed < 2^64, top_k < 2^32), and text must be valid Unicode (no
 lone surrogates), so bad input is a 400, never a 500.
 Tandem's extensions (sent by OpenAI clients through `extra_body`): `top_k`, `draft_length`
-(the first round's draft length), `ignore_eos` and `tandem_trace` (return the per-round trace in
-the stats).
+(the first round's draft length), `ignore_eos`, `tandem_trace` (return the per-round trace in
+the stats) and `min_tokens_per_s` (the request's speed floor under a loaded verifier).
 
 Every response carries Tandem's own statistics in the extra top-level field `tandem`, which
 OpenAI clients keep as an extra attribute and otherwise ignore.
@@ -91,6 +91,9 @@ class _Request(BaseModel):
                           "(fail instead of emitting unverified tokens); None = client.offline")
     offline_wait_s: float | None = Field(None, ge=0, le=3600, description=(
         "Tandem extension: the longest pause of offline 'wait'; None = client.offline_wait_s"))
+    min_tokens_per_s: float | None = Field(None, ge=0, le=100_000, description=(
+        "Tandem extension: the speed this request needs; while the verifier is loaded the "
+        "controller saves its passes only down to it; None = client.min_tokens_per_s"))
 
     @model_validator(mode="before")
     @classmethod

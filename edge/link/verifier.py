@@ -11,6 +11,7 @@ Error classes the round loop tells apart:
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -94,6 +95,9 @@ class VerifierLink:
         self.stream: SessionStream | None = None
         self.limits: pb.Limits | None = None
         self.load = 0.0
+        # The verifier's price (protos/tandem/v1/decoding.proto), as its last reply said; 0
+        # from a verifier that does not price its passes (Opened.priced unset).
+        self.price = 0.0
         self.wire_round = 0          # Draft.round of the last block sent
         self.totals = LinkTotals()
 
@@ -125,6 +129,7 @@ class VerifierLink:
         self.q_codec = offered if offered is not None and opened.q_codec == offered.name \
             else None
         self.load = opened.load
+        self.price = read_price(opened.price) if opened.priced else 0.0
         # The Open's round trip and the server's share of it (the offline policy's first RTT).
         self.open_rtt_s = time.monotonic() - t_open
         self.prefill_s = opened.prefill_ms / 1000.0
@@ -168,6 +173,7 @@ class VerifierLink:
         assert self.stream is not None, "await on a closed link"
         reply = self._recv(self.stream, late_s)
         verdict = read_verdict(reply, sent, self.limits, allow_discarded)
+        self.price = read_price(verdict.price)
         if not verdict.discarded:
             self.server_context = sent.start + verdict.accepted + 1
         return verdict, reply.ByteSize()
@@ -190,6 +196,7 @@ class VerifierLink:
         assert self.stream is not None, "await on a closed link"
         reply = self._recv(self.stream, late_s)
         generated = read_generated(reply, sent, self.limits)
+        self.price = read_price(generated.price)
         self.server_context = generated.context_length
         return generated, reply.ByteSize()
 
@@ -250,6 +257,11 @@ def read_generated(reply: pb.ServerMessage, sent: Sent,
     return reply.generated
 
 
+def read_price(price: float) -> float:
+    """A reply's price held to 0..1 (NaN: 0), whatever the verifier sent."""
+    return min(max(price, 0.0), 1.0) if math.isfinite(price) else 0.0
+
+
 def check_verdict(verdict: pb.Verdict, round_: int, start: int, k: int,
                   limits: pb.Limits | None) -> None:
     """A verdict must answer this round, accept at most the block, and name a real token."""
@@ -274,7 +286,7 @@ def open_message(session_id: str, model: str, fingerprint: str, context: Sequenc
         context_ids=list(context),
         sampling=pb.SamplingParams(temperature=params.temperature, top_k=params.top_k,
                                    top_p=params.top_p, seed=params.seed),
-        mode=pb.MODE_FAST if fast else pb.MODE_LOSSLESS,
+        mode=pb.MODE_FAST if fast else pb.MODE_LOSSLESS, priced=True,
         q_codecs=[offered_codec.name]  # greedy sends no q: nothing to offer
         if offered_codec is not None and not params.greedy else []))
 

@@ -1,0 +1,127 @@
+"""`tandem capacity`'s output: the rows table, the capacity table with Tandem's ratios, the JSON
+other tools read (`rows`, `capacity`) and the plots (per-user tokens/s p10 against N with the
+SLO line; passes per token against N)."""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.capacity.stats import Capacity, Row, capacity_of
+
+DEFAULT = "adaptive"
+BASELINES = ("cloud-only", "vllm-alone")
+
+
+def capacities(rows: Sequence[Row], tpot_slos: Sequence[float]) -> list[Capacity]:
+    groups: dict[tuple[str, str, str], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.channel, row.device, row.config), []).append(row)
+    out = []
+    for (channel, device, config), mine in groups.items():
+        for slo in tpot_slos:
+            users = capacity_of(mine, slo)
+            out.append(Capacity(channel, device, config, slo, users,
+                                swept_to=max(r.users for r in mine),
+                                saturated=any(r.emulator_saturated for r in mine if r.users <= max(users, 1))))
+    return out
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def rows_table(rows: Sequence[Row]) -> str:
+    head = ("| channel/device | config | N | req | good | TTFT p90 s | TPOT p50/p90 ms | user tok/s p10/p50 "
+            "| passes/tok (user, batched) | verifier CPU ms/tok | busy | verified | errors | driver CPU |")
+    lines = [head, "|" + "---|" * 14]
+    for r in rows:
+        flag = " SATURATED" if r.emulator_saturated else ""
+        lines.append(
+            f"| {r.channel}/{r.device} | {r.config} | {r.users} | {r.requests} | {r.good_share:.2f} "
+            f"[{r.good_share_low:.2f}, {r.good_share_high:.2f}] | {_f(r.ttft_p90_s)} | "
+            f"{_f(_ms(r.tpot_p50_s), 0)}/{_f(_ms(r.tpot_p90_s), 0)} | "
+            f"{_f(r.user_tokens_per_s_p10, 1)}/{_f(r.user_tokens_per_s_p50, 1)} | "
+            f"{_f(r.passes_per_token)}, {_f(r.batched_passes_per_token, 3)} | "
+            f"{_f(_ms(r.verifier_cpu_s_per_token))} | {_f(r.verifier_busy)} | {r.verified_share:.1%} | "
+            f"{r.errors + r.unfinished} | {_f(r.driver_cpu_share)}{flag} |")
+    return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def capacity_table(caps: Sequence[Capacity], tpot_slos: Sequence[float]) -> str:
+    """Per cell and TPOT SLO: each configuration's capacity and the default's ratios."""
+    cells = list(dict.fromkeys((c.channel, c.device) for c in caps))
+    configs = list(dict.fromkeys(c.config for c in caps))
+    of = {(c.channel, c.device, c.config, c.tpot_slo_s): c for c in caps}
+    head = "| channel/device | TPOT SLO | " + " | ".join(configs) + " | " + \
+        " | ".join(f"{DEFAULT} / {b}" for b in BASELINES) + " |"
+    lines = [head, "|" + "---|" * (2 + len(configs) + len(BASELINES))]
+    for channel, device in cells:
+        for slo in tpot_slos:
+            def cap(config: str) -> str:
+                c = of.get((channel, device, config, slo))
+                if c is None:
+                    return "-"
+                more = "+" if c.users == c.swept_to else ""   # met at the largest N asked
+                return f"{c.users}{more}{' (sat)' if c.saturated else ''}"
+
+            ratios = []
+            mine = of.get((channel, device, DEFAULT, slo))
+            for base in BASELINES:
+                other = of.get((channel, device, base, slo))
+                ratios.append("-" if mine is None or other is None or other.users == 0
+                              else f"{mine.users / other.users:.2f}")
+            lines.append(f"| {channel}/{device} | {slo * 1000:.0f} ms | "
+                         + " | ".join(cap(c) for c in configs) + " | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, rows: Sequence[Row], caps: Sequence[Capacity], meta: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**meta, "rows": [asdict(r) for r in rows],
+                                "capacity": [asdict(c) for c in caps]}, indent=1) + "\n")
+
+
+def write_plots(out_dir: Path, rows: Sequence[Row], slo_tpot_s: float) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cells = list(dict.fromkeys((r.channel, r.device) for r in rows))
+    configs = list(dict.fromkeys(r.config for r in rows))
+    fig, axes = plt.subplots(2, len(cells), figsize=(5.5 * len(cells), 7.5), squeeze=False)
+    for col, (channel, device) in enumerate(cells):
+        speed_ax, passes_ax = axes[0][col], axes[1][col]
+        for config in configs:
+            mine = sorted((r for r in rows if (r.channel, r.device, r.config) == (channel, device, config)),
+                          key=lambda r: r.users)
+            if not mine:
+                continue
+            users = [r.users for r in mine]
+            style = dict(marker="o", label=config, linewidth=2.4 if config == DEFAULT else 1.4)
+            speed_ax.plot(users, [r.user_tokens_per_s_p10 or 0.0 for r in mine], **style)
+            passes = [r.batched_passes_per_token if r.batched_passes_per_token is not None
+                      else r.passes_per_token for r in mine]
+            passes_ax.plot(users, [p if p is not None else math.nan for p in passes], **style)
+        speed_ax.axhline(1.0 / slo_tpot_s, color="red", linestyle="--", linewidth=1,
+                         label=f"SLO: TPOT {slo_tpot_s * 1000:.0f} ms")
+        speed_ax.set(title=f"{channel} / {device}", xscale="log", yscale="log",
+                     xlabel="concurrent users N", ylabel="per-user tokens/s, p10")
+        passes_ax.set(xscale="log", xlabel="concurrent users N",
+                      ylabel="target passes per token (verifier's)")
+        speed_ax.grid(True, which="both", alpha=0.3)
+        passes_ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Users served by one verifier on one core (this machine's CPU)")
+    fig.tight_layout()
+    path = out_dir / "capacity.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]

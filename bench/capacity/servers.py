@@ -1,0 +1,208 @@
+"""The server under test, one process pinned to one core: the Tandem verifier (`tandem-cloud
+serve`, which also generates every token itself for cloud-only) or vLLM alone (`vllm serve`
+from .venv-vllm, OpenAI API). The driver that emulates the users pins itself to the other cores.
+
+Pinning is sched_setaffinity in the child before exec, so every thread and child process of
+the server (vLLM's engine core, torch's intra-op pool) stays on that core; torch / OpenMP are
+told to use one thread, as they would be on a one-core slice.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+START_TIMEOUT_S = 240.0
+STOP_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a live process; None when it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds of a process and every live descendant (vLLM's engine runs in a child)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        seconds = cpu_seconds(current)
+        if seconds is None and current == pid:
+            return None
+        total += seconds or 0.0
+        stack += children.get(current, [])
+    return total
+
+
+def pin_self(cores: set[int]) -> None:
+    os.sched_setaffinity(0, cores)
+
+
+def server_core_split(core: int) -> tuple[set[int], set[int]]:
+    """(the server's core, the driver's cores). With one core in all they share it."""
+    available = os.sched_getaffinity(0)
+    if core not in available:
+        raise ValueError(f"core {core} is not available to this process ({sorted(available)})")
+    rest = available - {core}
+    return {core}, rest or {core}
+
+
+@dataclass
+class ServerProcess:
+    """A started server: its address (host:port), pid and log."""
+    kind: str                 # "tandem" | "vllm"
+    address: str
+    pid: int
+    log_path: Path
+    model: str = ""
+    _stack: ExitStack = field(default_factory=ExitStack, repr=False)
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, port = self.address.rsplit(":", 1)
+        return host, int(port)
+
+    def cpu_seconds(self) -> float | None:
+        return tree_cpu_seconds(self.pid)
+
+    def batched_passes(self) -> int | None:
+        """Forward passes the Tandem verifier has run (Info.batches); None for vLLM."""
+        if self.kind != "tandem":
+            return None
+        from tandem.v1 import decoding_pb2 as pb
+        from tandem.v1 import decoding_pb2_grpc as pb_grpc
+        try:
+            with grpc.insecure_channel(self.address) as channel:
+                return int(pb_grpc.DecodingStub(channel).Info(pb.InfoRequest(), timeout=10).batches.passes)
+        except grpc.RpcError:
+            return None
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def _spawn(argv: Sequence[str], core: int, log_path: Path, env: dict[str, str],
+           stack: ExitStack) -> subprocess.Popen:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = stack.enter_context(log_path.open("wb"))
+    process = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                               preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    stack.callback(_stop, process)
+    return process
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(STOP_TIMEOUT_S)
+
+
+def _wait(ready, process: subprocess.Popen, what: str, log_path: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}:\n"
+                               f"{log_path.read_text()[-2000:]}")
+        try:
+            if ready():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"{what} not ready within {START_TIMEOUT_S:.0f} s (log: {log_path})")
+
+
+def one_thread_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return env
+
+
+def start_verifier(cloud_config: Path, core: int, log_dir: Path, max_users: int,
+                   sets: Sequence[str] = ()) -> ServerProcess:
+    """`tandem-cloud serve` on a free loopback port, pinned to `core`, sized for max_users
+    concurrent sessions (streams, sessions and worker threads: an operator sizes these for the
+    users it serves; the shipped 64 sessions would refuse a larger sweep)."""
+    stack = ExitStack()
+    port = free_port()
+    log_path = log_dir / "verifier.log"
+    tandem_cloud = Path(sys.executable).parent / "tandem-cloud"
+    argv = [str(tandem_cloud), "serve", "--config", str(cloud_config), "--host", "127.0.0.1",
+            "--port", str(port), "--log-level", "WARNING",
+            "--set", "model.threads=1",
+            "--set", f"limits.max_sessions={max(64, max_users + 8)}",
+            "--set", f"server.max_workers={max(32, max_users + 16)}"]
+    for item in sets:
+        argv += ["--set", item]
+    process = _spawn(argv, core, log_path, one_thread_env(), stack)
+    address = f"127.0.0.1:{port}"
+    server = ServerProcess("tandem", address, process.pid, log_path, _stack=stack)
+    try:
+        _wait(lambda: server.batched_passes() is not None, process, "the verifier", log_path)
+    except BaseException:
+        stack.close()
+        raise
+    return server
+
+
+def start_vllm(model_dir: Path, core: int, log_dir: Path, max_users: int,
+               python: Path = VLLM_PYTHON) -> ServerProcess:
+    """`vllm serve` (the CPU build in .venv-vllm) on a free loopback port, pinned to `core`:
+    what an operator would run instead of Tandem, serving the same target."""
+    if not python.exists():
+        raise FileNotFoundError(f"{python} is missing: make it with `bash scripts/bootstrap.sh --vllm`")
+    stack = ExitStack()
+    port = free_port()
+    log_path = log_dir / "vllm.log"
+    env = one_thread_env()
+    env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
+               VLLM_LOGGING_LEVEL="WARNING")
+    name = model_dir.name
+    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "float32", "--enforce-eager", "--max-num-seqs", str(max(16, max_users)),
+            "--disable-log-stats"]
+    process = _spawn(argv, core, log_path, env, stack)
+    base = f"127.0.0.1:{port}"
+    server = ServerProcess("vllm", base, process.pid, log_path, model=name, _stack=stack)
+    try:
+        _wait(lambda: httpx.get(f"http://{base}/v1/models", timeout=2).status_code == 200,
+              process, "vllm serve", log_path)
+    except BaseException:
+        stack.close()
+        raise
+    return server

@@ -1,0 +1,160 @@
+"""Exact with the price loop on: a verifier whose price is 1 (batch.target_queue_ms = 0), the
+adaptive controller answering it (edge/control/pricing.py), through a 5 ms channel emulator.
+Greedy output is the target's token for token, where the price makes the controller speculate
+(a floor every option meets) and where the floor keeps it on cloud runs (a device too slow to
+draft at the floor); sampled output follows the target's law (chi-square on the first three
+tokens, as tests/test_e2e_pipelined.py) where it speculates."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from verifier_harness import TEST_DEVICE, channel_to, open_draft
+from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
+                              target_runtime)
+
+from bench.channel import ChannelProfile, ChannelProxy
+from cloud.config import BatchSettings, CloudConfig, ModelSettings, ServerSettings
+from cloud.service import create_server
+from edge.client import EdgeClient, GenerationRequest
+from edge.config import ClientConfig, DeviceProfile
+from edge.control.adaptive import AdaptivePolicy
+from edge.control.policy import Plan, RoundView
+from tandem.sampling import SamplingParams, warp
+
+torch.set_num_threads(1)
+
+NEW_TOKENS = 48
+SAMPLES = 240
+
+
+class Seen(AdaptivePolicy):
+    """The adaptive controller, keeping the prices its views carried."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        super().__init__(config)
+        self.prices: list[float] = []
+
+    def plan(self, view: RoundView) -> Plan:
+        self.prices.append(view.price)
+        return super().plan(view)
+
+
+# floor 0: every option meets it, the price decides (speculation); a device drafting 5 tok/s
+# cannot meet the default floor of 10 by speculating, so the cloud generates despite the price
+CASES = {
+    "priced-speculates": dict(min_tokens_per_s=0.0),
+    "floor-keeps-cloud": dict(device=DeviceProfile(max_draft_tokens_per_s=5)),
+}
+
+
+@pytest.fixture(scope="module")
+def dear_link(target_runtime):
+    """A verifier priced at 1 behind a 5 ms (one way) channel emulator: its port."""
+    config = CloudConfig(
+        server=ServerSettings(host="127.0.0.1", port=0, shutdown_grace_s=0),
+        model=ModelSettings(path=target_runtime.model_dir, device=TEST_DEVICE),
+        batch=BatchSettings(window_ms=0, target_queue_ms=0))
+    server, port = create_server(config, target_runtime)
+    server.start()
+    try:
+        with ChannelProxy(ChannelProfile(name="short", delay_ms=5.0),
+                          upstream=("127.0.0.1", port)) as proxy:
+            yield proxy.address[1]
+    finally:
+        server.stop(0).wait()
+
+
+@pytest.fixture(scope="module")
+def draft(draft_dir, gguf_path, onnx_path):
+    runtime = open_draft("llama.cpp", draft_dir, gguf_path, onnx_path)
+    yield runtime
+    runtime.close()
+
+
+def _client(port: int, draft, case: str) -> tuple[EdgeClient, Seen]:
+    config = ClientConfig(policy="adaptive", draft_ahead=True, send_ahead=2, max_q_entries=16,
+                          **CASES[case])
+    policy = Seen(config)
+    return EdgeClient(channel_to(port), draft, config, policy=policy), policy
+
+
+def _modes(result) -> set[str]:
+    return {r.mode for r in result.rounds_log}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_output_is_the_targets_at_price_one(case, dear_link, draft, prompt_ids,
+                                                   reference):
+    client, policy = _client(dear_link, draft, case)
+    modes: set[str] = set()
+    for ids in prompt_ids[80:82]:
+        result = client.generate(GenerationRequest(ids, NEW_TOKENS))
+        assert result.token_ids == reference.greedy(ids, 64)[:NEW_TOKENS], case
+        assert all(result.verified) and result.finish_reason == "length"
+        modes |= _modes(result)
+    assert policy.prices and set(policy.prices) == {1.0}
+    if case == "priced-speculates":
+        assert "cloud" not in modes and "verify" in modes
+    else:
+        assert "cloud" in modes
+
+
+def _joint_law(model, ids: list[int], params: SamplingParams, n: int) -> dict[tuple, float]:
+    """Exact law of the target's first n sampled tokens (top_k keeps it small)."""
+    law: dict[tuple, float] = {(): 1.0}
+    with torch.no_grad():
+        for _ in range(n):
+            nxt: dict[tuple, float] = {}
+            for prefix, prob in law.items():
+                logits = model(torch.tensor([ids + list(prefix)])).logits[0, -1]
+                p = warp(logits[None].double(), params)[0]
+                for token in torch.nonzero(p > 0).flatten().tolist():
+                    nxt[prefix + (token,)] = prob * float(p[token])
+            law = nxt
+    return law
+
+
+def _spread_prompt(model, prompts, params) -> tuple[list[int], dict]:
+    """The first held-out prompt whose 3-token law is spread over several sequences."""
+    for ids in prompts:
+        law = _joint_law(model, ids, params, 3)
+        if sum(1 for p in law.values() if p * SAMPLES >= 5) >= 4:
+            return ids, law
+    raise AssertionError("no held-out prompt with a spread-out 3-token law")
+
+
+def test_sampled_output_follows_the_targets_law_at_price_one(dear_link, draft, prompt_ids,
+                                                             reference):
+    """The priced branch speculating (~25 s: 240 sampled generations; its cloud runs are the
+    executor tests/test_e2e_pipelined.py checks at price 0, whoever chooses them)."""
+    case = "priced-speculates"
+    params = SamplingParams(temperature=1.0, top_k=3, seed=0)
+    ids, law = _spread_prompt(reference.model, prompt_ids[100:130], params)
+    client, policy = _client(dear_link, draft, case)
+    counts: dict[tuple, int] = {}
+    modes: set[str] = set()
+    for seed in range(SAMPLES):
+        sampling = SamplingParams(temperature=1.0, top_k=3, seed=seed)
+        result = client.generate(GenerationRequest(ids, 4, sampling=sampling))
+        key = tuple(result.token_ids[:3])
+        assert key in law, f"sampled {key}, impossible for the target"
+        assert all(result.verified)
+        counts[key] = counts.get(key, 0) + 1
+        modes |= _modes(result)
+    keys = sorted(law, key=law.get, reverse=True)
+    expected = np.array([law[k] * SAMPLES for k in keys])
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    big = expected >= 5
+    observed = np.append(observed[big], observed[~big].sum())
+    expected = np.append(expected[big], expected[~big].sum())
+    if expected[-1] < 5:
+        observed[-2] += observed[-1]
+        expected[-2] += expected[-1]
+        observed, expected = observed[:-1], expected[:-1]
+    pvalue = float(stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+    print(f"{case}: chi-square p = {pvalue:.3f} over {len(observed)} bins, modes {modes}")
+    assert pvalue > 1e-3
+    assert set(policy.prices) == {1.0}
+    assert "verify" in modes and "cloud" not in modes
