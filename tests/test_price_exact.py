@@ -6,6 +6,7 @@ draft at the floor); sampled output follows the target's law (chi-square on the 
 tokens, as tests/test_e2e_pipelined.py) where it speculates."""
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -18,7 +19,9 @@ from bench.channel import ChannelProfile, ChannelProxy
 from cloud.config import BatchSettings, CloudConfig, ModelSettings, ServerSettings
 from cloud.service import create_server
 from edge.client import EdgeClient, GenerationRequest
-from edge.config import ClientConfig, DeviceProfile
+from edge.config import ClientConfig, CloudLinkConfig, DaemonConfig, DeviceProfile, EdgeConfig
+from edge.daemon.server import DaemonThread, load_engine
+from edge.runtime import DraftConfig
 from edge.control.adaptive import AdaptivePolicy
 from edge.control.policy import Plan, RoundView
 from tandem.sampling import SamplingParams, warp
@@ -158,3 +161,38 @@ def test_sampled_output_follows_the_targets_law_at_price_one(dear_link, draft, p
     assert pvalue > 1e-3
     assert set(policy.prices) == {1.0}
     assert "verify" in modes and "cloud" not in modes
+
+
+@pytest.fixture(scope="module")
+def slow_device_daemon(dear_link, gguf_path, draft_dir):
+    """An edge daemon (adaptive, a device drafting 5 tok/s) in front of the dear verifier."""
+    config = EdgeConfig(
+        cloud=CloudLinkConfig(address=f"127.0.0.1:{dear_link}"),
+        draft=DraftConfig(backend="llama.cpp", model_path=gguf_path, tokenizer_dir=draft_dir,
+                          n_ctx=512, threads=1),
+        client=ClientConfig(policy="adaptive", device=DeviceProfile(max_draft_tokens_per_s=5)),
+        daemon=DaemonConfig(port=0, pool_size=1, max_tokens_limit=64))
+    with DaemonThread(load_engine(config)) as running:
+        yield running
+
+
+def test_a_request_states_its_own_floor(slow_device_daemon, prompt_ids, reference):
+    """`min_tokens_per_s` in the request body (extra_body): with the client's floor of 10 the
+    slow device cannot speculate fast enough and the cloud generates despite the price; a
+    request asking for 0 tok/s lets the price decide, and every round is a drafted block.
+    Both outputs are the target's."""
+    ids = prompt_ids[83]
+    body = {"model": "tandem-draft", "prompt": ids, "max_tokens": 32, "temperature": 0,
+            "ignore_eos": True, "tandem_trace": True, "return_token_ids": True}
+    modes = {}
+    with httpx.Client(base_url=slow_device_daemon.url, timeout=120) as http:
+        for floor in (None, 0.0):
+            response = http.post("/v1/completions", json={**body, "min_tokens_per_s": floor})
+            assert response.status_code == 200, response.text
+            out = response.json()
+            assert out["choices"][0]["token_ids"] == reference.greedy(ids, 64)[:32]
+            modes[floor] = {r["mode"] for r in out["tandem"]["trace"]}
+        refused = http.post("/v1/completions", json={**body, "min_tokens_per_s": -1})
+    assert "cloud" in modes[None]
+    assert modes[0.0] == {"verify"}
+    assert refused.status_code == 400 and "min_tokens_per_s" in refused.text
