@@ -1,8 +1,9 @@
-"""`tandem load`: N concurrent streams through one edge daemon against one verifier, for a
-bounded time, each a separate process so that memory is measured per process.
+"""`tandem load`: N concurrent streams through one edge daemon against one verifier (or
+several: `--verifiers V`, balanced by the daemon's gRPC channel), for a bounded time, each a
+separate process so that memory is measured per process.
 
-  verifier  (tandem-cloud serve, its own process, 127.0.0.1:free port)
-     ^ gRPC
+  verifier  (tandem-cloud serve, its own process, 127.0.0.1:free port; V of them with
+     ^ gRPC  --verifiers V, the daemon's --cloud an ipv4: list of them)
   daemon    (tandem-edge serve, its own process, pool_size = N, HTTP on a free port)
      ^ HTTP, OpenAI API, streamed
   N streams (this process: asyncio + httpx; each sends one request after another until the
@@ -14,15 +15,17 @@ batch sizes over the run (from Info.batches, before and after), and the peak RSS
 verifier, the daemon and this process. The server's side: target passes per token (batched
 passes / tokens) and verified tokens per CPU-second of the verifier process (goodput per core,
 from /proc/PID/stat); `--compare-cloud-only` runs the same streams again against a fresh
-verifier with k = 0 rounds (the target decoding alone, one pass per token) and prints both. `--cloud` / `--url` drive an already running verifier and
-daemon instead (their memory is then reported only if their PIDs are given).
+verifier with k = 0 rounds (the target decoding alone, one pass per token) and prints both.
+With several verifiers the batch figures and CPU seconds add up over all of them, and the jobs
+each one served show the spread. `--cloud` / `--url` drive an already running verifier (or
+several, comma-separated) and daemon instead (their memory is then reported only if their PIDs
+are given).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,10 +38,10 @@ from pathlib import Path
 import grpc
 import httpx
 
+from bench.processes import (ROOT, VerifierProcess, cloud_info, free_port, several,
+                             stop_process, wait_until)
 from bench.workload import RequestRecord, _one, advertised_model, load_prompts
 from tandem import metrics
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -77,6 +80,9 @@ class LoadReport:
     target_passes_per_token: float | None = None   # batched passes / tokens
     verifier_cpu_s: float | None = None            # CPU seconds the verifier used in the run
     verified_tokens_per_core_s: float | None = None  # verified tokens / verifier_cpu_s
+    # Rounds and prefills each verifier served in the run (Info.batches.rounds, by
+    # Info.verifier): how the balancer spread the sessions.
+    jobs_per_verifier: dict[str, int] = field(default_factory=dict)
 
     def table(self) -> str:
         per = self.per_stream_tokens_per_s
@@ -95,6 +101,9 @@ class LoadReport:
             f"{_fmt(self.verified_tokens_per_core_s)} verified tokens per verifier CPU-second "
             f"({_fmt(self.verifier_cpu_s)} CPU-s)",
         ]
+        if len(self.jobs_per_verifier) > 1:
+            lines.append("jobs per verifier: " + ", ".join(
+                f"{name} {jobs}" for name, jobs in self.jobs_per_verifier.items()))
         return "\n".join(lines)
 
 
@@ -114,9 +123,10 @@ def cpu_seconds(pid: int) -> float | None:
 def server_table(tandem: LoadReport, cloud_only: LoadReport) -> str:
     """The server's side of the same streams, served by Tandem and by the target alone."""
     rows = [("tandem", tandem), ("cloud-only (k = 0)", cloud_only)]
-    lines = ["| serving | tokens/s | target passes / token | verified tok / verifier CPU-s |",
-             "|---|---:|---:|---:|"]
-    lines += [f"| {name} | {r.total_tokens_per_s:.1f} | {_fmt(r.target_passes_per_token, 3)} | "
+    lines = ["| serving | verified tokens/s | target passes / token | "
+             "verified tok / verifier CPU-s |", "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {r.verified_tokens_per_s:.1f} | "
+              f"{_fmt(r.target_passes_per_token, 3)} | "
               f"{_fmt(r.verified_tokens_per_core_s)} |" for name, r in rows]
     return "\n".join(lines)
 
@@ -146,87 +156,53 @@ def peak_rss_mb(pid: int) -> float | None:
 
 
 # --- the processes ------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class System:
-    cloud_address: str
+    cloud_address: str            # the gRPC target the daemon uses (several: an ipv4: list)
     url: str
     pids: dict[str, int]
+    verifiers: list[VerifierProcess] = field(default_factory=list)
 
-
-def wait_until(ready, process: subprocess.Popen | None, what: str, timeout_s: float,
-                log_path: Path | None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            tail = log_path.read_text()[-2000:] if log_path else ""
-            raise RuntimeError(f"{what} exited with {process.returncode}:\n{tail}")
-        try:
-            if ready():
-                return
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} not ready within {timeout_s:.0f} s")
-
-
-def cloud_info(address: str, timeout_s: float = 5.0, metadata=None):
-    from tandem.v1 import decoding_pb2 as pb
-    from tandem.v1 import decoding_pb2_grpc as pb_grpc
-    with grpc.insecure_channel(address) as channel:
-        return pb_grpc.DecodingStub(channel).Info(pb.InfoRequest(), timeout=timeout_s,
-                                                   metadata=metadata)
+    @property
+    def cloud_addresses(self) -> list[str]:
+        return [v.address for v in self.verifiers] or [self.cloud_address]
 
 
 @contextmanager
 def spawn_system(streams: int, *, log_dir: Path, cloud_args: Sequence[str] = (),
-                 edge_args: Sequence[str] = (), start_timeout_s: float = 180.0):
-    """Start a verifier and a daemon (pool_size = streams) as child processes; yield System;
-    stop both (SIGTERM, then SIGKILL) on exit."""
+                 edge_args: Sequence[str] = (), start_timeout_s: float = 180.0,
+                 verifiers: int = 1, cloud_address: str | None = None):
+    """Start `verifiers` verifiers and a daemon (pool_size = streams, all verifiers as one
+    gRPC target: cloud.load_balancing picks among them) as child processes; yield System; stop
+    them all (SIGTERM, then SIGKILL) on exit. cloud_address: a gRPC target of verifiers
+    running already (none is started)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     bin_dir = Path(sys.executable).parent
-    cloud_port, http_port = free_port(), free_port()
-    cloud_address = f"127.0.0.1:{cloud_port}"
+    http_port = free_port()
     env = dict(os.environ)
     with ExitStack() as stack:
-        processes: dict[str, subprocess.Popen] = {}
-
-        def start(name: str, argv: list[str]) -> subprocess.Popen:
-            log = stack.enter_context((log_dir / f"{name}.log").open("wb"))
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                       env=env)
-            processes[name] = process
-            stack.callback(stop_process, process)
-            return process
-
-        cloud = start("verifier", [str(bin_dir / "tandem-cloud"), "serve", "--host", "127.0.0.1",
-                                   "--port", str(cloud_port), "--log-level", "WARNING",
-                                   *cloud_args])
-        wait_until(lambda: cloud_info(cloud_address, 1.0), cloud, "the verifier",
-                    start_timeout_s, log_dir / "verifier.log")
-        daemon = start("daemon", [str(bin_dir / "tandem-edge"), "serve", "--host", "127.0.0.1",
-                                  "--port", str(http_port), "--cloud", cloud_address,
-                                  "--set", f"daemon.pool_size={streams}",
-                                  "--set", f"daemon.max_waiting={max(64, streams)}", *edge_args])
+        names = [] if cloud_address else ["verifier"] if verifiers == 1 else \
+            [f"verifier-{i + 1}" for i in range(verifiers)]
+        clouds = [VerifierProcess(name, log_dir, ["--log-level", "WARNING", *cloud_args])
+                  for name in names]
+        for cloud in clouds:
+            cloud.start(env)
+            stack.callback(cloud.stop)
+        for cloud in clouds:
+            cloud.wait_ready(start_timeout_s)
+        cloud_address = cloud_address or several([cloud.address for cloud in clouds])
+        log = stack.enter_context((log_dir / "daemon.log").open("wb"))
+        daemon = subprocess.Popen(
+            [str(bin_dir / "tandem-edge"), "serve", "--host", "127.0.0.1", "--port",
+             str(http_port), "--cloud", cloud_address, "--set", f"daemon.pool_size={streams}",
+             "--set", f"daemon.max_waiting={max(64, streams)}", *edge_args],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        stack.callback(stop_process, daemon)
         url = f"http://127.0.0.1:{http_port}"
         wait_until(lambda: httpx.get(url + "/healthz", timeout=1.0).status_code == 200, daemon,
-                    "the daemon", start_timeout_s, log_dir / "daemon.log")
-        yield System(cloud_address, url, {name: p.pid for name, p in processes.items()})
-
-
-def stop_process(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(15)
+                   "the daemon", start_timeout_s, log_dir / "daemon.log")
+        pids = {cloud.name: cloud.process.pid for cloud in clouds} | {"daemon": daemon.pid}
+        yield System(cloud_address, url, pids, clouds)
 
 
 # --- the streams ----------------------------------------------------------------------------------
@@ -263,7 +239,8 @@ async def drive(url: str, model: str, prompts: Sequence[str], *, duration_s: flo
 
 def summarize(streams: list[StreamStats], wall_s: float, duration_s: float,
               batches_before, batches_after, rss: dict[str, float],
-              verifier_cpu_s: float | None = None) -> LoadReport:
+              verifier_cpu_s: float | None = None,
+              jobs_per_verifier: dict[str, int] | None = None) -> LoadReport:
     records = [r for s in streams for r in s.records]
     ok = [r for r in records if r.ok]
     ttfts = [r.ttft_s * 1000.0 for r in ok if r.ttft_s is not None]
@@ -295,42 +272,74 @@ def summarize(streams: list[StreamStats], wall_s: float, duration_s: float,
         target_passes_per_token=passes / tokens if tokens and batches_after is not None
         else None,
         verifier_cpu_s=verifier_cpu_s,
-        verified_tokens_per_core_s=verified / verifier_cpu_s if verifier_cpu_s else None)
+        verified_tokens_per_core_s=verified / verifier_cpu_s if verifier_cpu_s else None,
+        jobs_per_verifier=jobs_per_verifier or {})
 
 
 def run_load(*, streams: int, duration_s: float, max_tokens: int, temperature: float,
              prompts_file: Path, prompt_offset: int = 0, url: str | None = None,
              cloud: str | None = None, pids: dict[str, int] | None = None,
              log_dir: Path = Path("out/load"), cloud_args: Sequence[str] = (),
-             edge_args: Sequence[str] = ()) -> tuple[LoadReport, list[StreamStats]]:
+             edge_args: Sequence[str] = (), verifiers: int = 1,
+             ) -> tuple[LoadReport, list[StreamStats]]:
+    """cloud: with url, the running verifiers' HOST:PORT, comma-separated (for batch sizes);
+    verifiers: how many to start (without url), all behind the one daemon."""
     prompts = load_prompts(prompts_file, streams, prompt_offset, max_chars=400)
     with ExitStack() as stack:
         if url is None:
-            system = stack.enter_context(spawn_system(streams, log_dir=log_dir,
-                                                      cloud_args=cloud_args, edge_args=edge_args))
-            url, cloud, pids = system.url, system.cloud_address, system.pids
+            system = stack.enter_context(spawn_system(
+                streams, log_dir=log_dir, cloud_args=cloud_args, edge_args=edge_args,
+                verifiers=verifiers))
+            url, clouds, pids = system.url, system.cloud_addresses, system.pids
+        else:
+            clouds = cloud.split(",") if cloud else []
         pids = dict(pids or {})
-        before = _batches(cloud)
+        before = _batches(clouds)
         model = advertised_model(url)
-        cpu_before = cpu_seconds(pids["verifier"]) if "verifier" in pids else None
+        cpu_before = _verifiers_cpu_s(pids)
         results, wall_s = asyncio.run(drive(url, model, prompts, duration_s=duration_s,
                                             max_tokens=max_tokens, temperature=temperature))
-        after = _batches(cloud)
-        cpu_after = cpu_seconds(pids["verifier"]) if "verifier" in pids else None
+        after = _batches(clouds)
+        cpu_after = _verifiers_cpu_s(pids)
         verifier_cpu_s = cpu_after - cpu_before if cpu_before is not None and \
             cpu_after is not None else None
         rss = {name: mb for name, pid in pids.items() if (mb := peak_rss_mb(pid)) is not None}
         rss["load generator"] = peak_rss_mb(os.getpid()) or 0.0
-    return summarize(results, wall_s, duration_s, before, after, rss, verifier_cpu_s), results
+    jobs = {name: n - before.jobs.get(name, 0) for name, n in after.jobs.items()} \
+        if before is not None and after is not None else None
+    return summarize(results, wall_s, duration_s, before, after, rss, verifier_cpu_s,
+                     jobs), results
 
 
-def _batches(cloud: str | None):
-    if cloud is None:
+@dataclass
+class Batches:
+    """Info.batches of every verifier, added up; jobs: each verifier's rounds + prefills."""
+    size_counts: list[int]
+    jobs: dict[str, int]
+
+
+def _batches(clouds: Sequence[str]) -> Batches | None:
+    if not clouds:
         return None
-    try:
-        return cloud_info(cloud).batches
-    except grpc.RpcError:
-        return None
+    counts: list[int] = []
+    jobs: dict[str, int] = {}
+    for address in clouds:
+        try:
+            info = cloud_info(address)
+        except grpc.RpcError:
+            return None
+        sizes = list(info.batches.size_counts)
+        counts += [0] * (len(sizes) - len(counts))
+        for i, n in enumerate(sizes):
+            counts[i] += n
+        jobs[info.verifier or address] = info.batches.rounds
+    return Batches(counts, jobs)
+
+
+def _verifiers_cpu_s(pids: dict[str, int]) -> float | None:
+    """CPU seconds of every verifier process in pids (named verifier, verifier-1, ...)."""
+    seconds = [cpu_seconds(pid) for name, pid in pids.items() if name.startswith("verifier")]
+    return None if not seconds or None in seconds else sum(seconds)
 
 
 def write_report(path: Path, report: LoadReport) -> None:

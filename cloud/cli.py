@@ -102,8 +102,9 @@ def _serve(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     server.start()
     runtime = server.engine.runtime
-    log.info("serving %s (%s, %s) on %s:%d, %s, %s", runtime.name, runtime.device, runtime.dtype,
-             config.server.host, port, "TLS" if server.secure else "plaintext",
+    log.info("verifier %s serving %s (%s, %s) on %s:%d, %s, %s", server.name, runtime.name,
+             runtime.device, runtime.dtype, config.server.host, port,
+             "TLS" if server.secure else "plaintext",
              "API key required" if config.server.resolved_api_keys() else "no API key")
     stop.wait()
     log.info("stopping: %.1f s grace for rounds in flight", config.server.shutdown_grace_s)

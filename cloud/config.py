@@ -32,6 +32,9 @@ class ServerSettings(Settings):
         "allow serving a non-loopback address without any API key"))
     shutdown_grace_s: float = Field(5.0, ge=0, le=300, description=(
         "on stop, how long in-flight rounds may finish before streams are cancelled"))
+    name: str = Field("", max_length=256, description=(
+        "this verifier's name in Opened and Info (with several verifiers behind a balancer, "
+        "edges count the sessions that moved between them) and its log; empty = HOSTNAME:PORT"))
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ServerSettings:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -52,9 +53,11 @@ MAX_Q_CODECS = 16      # names in Open.q_codecs
 
 
 class DecodingServicer(pb_grpc.DecodingServicer):
-    def __init__(self, engine: Engine, admission: Admission, limits: LimitSettings) -> None:
+    def __init__(self, engine: Engine, admission: Admission, limits: LimitSettings,
+                 name: str = "") -> None:
         self.engine = engine
         self.admission = admission
+        self.name = name  # this verifier (server.name), said in Opened and Info
         self.open_timeout_s = limits.open_timeout_s
         self.idle_timeout_s = limits.idle_timeout_s
 
@@ -65,7 +68,7 @@ class DecodingServicer(pb_grpc.DecodingServicer):
         except Overloaded as exc:
             self.engine.metrics.observe_refusal(exc.code)
             _abort(context, exc)
-        stream = _Stream(self.engine, self.admission, key)
+        stream = _Stream(self.engine, self.admission, key, self.name)
         # Runs when the RPC ends for any reason (client gone, cancelled, deadline, done).
         context.add_callback(stream.release)
         inbox = Inbox(request_iterator)
@@ -105,7 +108,8 @@ class DecodingServicer(pb_grpc.DecodingServicer):
                             dtype=runtime.dtype, active_sessions=self.engine.table.active,
                             target=_identity(self.engine.identity),
                             batches=_batch_stats(self.engine), price=self.engine.price.value(),
-                            queue_delay_ms=self.engine.price.queue_delay_ms())
+                            queue_delay_ms=self.engine.price.queue_delay_ms(),
+                            verifier=self.name)
 
 
 def _batch_stats(engine: Engine) -> pb.BatchStats:
@@ -137,10 +141,11 @@ class _Stream:
     """One Session stream: at most one open session at a time; Open again after Evicted or
     Close is allowed."""
 
-    def __init__(self, engine: Engine, admission: Admission, key: str) -> None:
+    def __init__(self, engine: Engine, admission: Admission, key: str, name: str = "") -> None:
         self.engine = engine
         self.admission = admission
         self.key = key
+        self.name = name
         self.session: Session | None = None
         self.priced = False  # the edge offered Open.priced: its replies carry the price
         self._lock = threading.Lock()  # end() also runs from gRPC's termination callback
@@ -180,7 +185,7 @@ class _Stream:
         self.priced = message.priced
         reply = pb.Opened(session_id=opened.session.session_id, limits=_limits(self.engine),
                           load=opened.load, prefill_ms=opened.prefill_ms, q_codec=opened.q_codec,
-                          target=_identity(self.engine.identity))
+                          target=_identity(self.engine.identity), verifier=self.name)
         if self.priced:  # an older edge did not offer: its Opened stays as it was
             reply.priced, reply.price = True, self._price()
         return pb.ServerMessage(opened=reply)
@@ -324,6 +329,7 @@ class CloudServer:
         self.port = port
         self.secure = secure
         self.grace_s = grace_s
+        self.name = ""  # this verifier (server.name), as Opened and Info say it
 
     def start(self) -> None:
         self.grpc_server.start()
@@ -396,8 +402,8 @@ def create_server(config: CloudConfig,
         maximum_concurrent_rpcs=threads,
         options=[("grpc.max_receive_message_length", limits.max_message_bytes),
                  *SERVER_SOCKET_OPTIONS])
-    server.add_generic_rpc_handlers((_decoding_handlers(DecodingServicer(engine, admission,
-                                                                         limits)),))
+    servicer = DecodingServicer(engine, admission, limits)
+    server.add_generic_rpc_handlers((_decoding_handlers(servicer),))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for service in ("", SERVICE_NAME):
@@ -421,6 +427,9 @@ def create_server(config: CloudConfig,
         engine.shutdown()
         raise ConfigError(f"cannot bind {address}: the port is in use (or the address is not "
                           "this host's)")
+    # Named once the port is known (port 0 picks one): replicas on one host differ by port.
+    servicer.name = settings.name or f"{socket.gethostname()}:{port}"
     cloud_server = CloudServer(server, engine, health_servicer, port, secure,
                                settings.shutdown_grace_s)
+    cloud_server.name = servicer.name
     return cloud_server, port

@@ -20,7 +20,17 @@ DEFAULT_API_KEY_HEADER = "x-api-key"
 
 class CloudLinkConfig(Settings):
     """Where the verifier is and how to authenticate to it."""
-    address: str = Field("127.0.0.1:50051", min_length=1, description="verifier HOST:PORT")
+    address: str = Field("127.0.0.1:50051", min_length=1, description=(
+        "the verifier: any gRPC target: HOST:PORT, several as ipv4:H1:P1,H2:P2, or "
+        "dns:///NAME:PORT (every address the name resolves to); a proxy's HOST:PORT"))
+    load_balancing: Literal["auto", "pick_first", "round_robin", "ring_hash"] = Field(
+        "auto", description=(
+            "gRPC's own policy over the verifiers `address` names: round_robin spreads sessions "
+            "over all of them; ring_hash hashes each session's id (call metadata "
+            "x-tandem-session), so its re-opens go back to its verifier while that one is up "
+            "(affinity: its prefix cache stays warm) and to the next one when it is not; "
+            "pick_first uses the first that answers; auto = round_robin when `address` names "
+            "several (an ipv4:/ipv6: list or a dns: name), else pick_first"))
     tls: bool = Field(False, description="use TLS (grpc.secure_channel) instead of plaintext")
     tls_root_cert: Path | None = Field(
         None, description="PEM file of the CA that signed the server's certificate; "

@@ -100,6 +100,7 @@ class Generation:
             r.q_encode_s = totals.q_encode_s
             r.wall_s = time.monotonic() - state.t0
             r.reopens = max(totals.opens - 1, 0)
+            r.moves, r.verifier = totals.moves, totals.verifier
         return state.result
 
     def _round(self) -> None:

@@ -394,7 +394,7 @@ class Engine:
         self.metrics.observe_generation(
             verified=stats.verified_tokens, unverified=stats.unverified_tokens,
             target_passes=stats.target_passes, bytes_up=stats.bytes_up, bytes_down=stats.bytes_down,
-            wall_s=stats.wall_s, ttft_s=stats.ttft_s, reopens=stats.reopens)
+            wall_s=stats.wall_s, ttft_s=stats.ttft_s, reopens=stats.reopens, moves=stats.moves)
         self.metrics.observe_unverified(stats.unverified_by_cause)
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -454,6 +454,7 @@ def build_stats(result: GenerationResult, emitted: _Emitted, wall_s: float, back
         bytes_up=result.bytes_up, bytes_down=result.bytes_down, wall_s=wall_s,
         ttft_s=emitted.first_token_s,
         tokens_per_s=n_tokens / wall_s if wall_s > 0 else 0.0, reopens=result.reopens,
+        moves=result.moves, verifier=result.verifier,
         draft_backend=backend,
         trace=[RoundTrace(t_s=r.t_start_s + r.draft_s + r.send_s + r.rtt_s, draft_length=r.drafted,
                           accepted=r.accepted or 0, rtt_ms=r.rtt_s * 1000.0,

@@ -83,6 +83,8 @@ class DaemonMetrics:
                                       _SECONDS_BUCKETS).labels(**m)
         self.reopens = counter("session_reopens", "sessions re-opened after an outage or "
                                "eviction").labels(**m)
+        self.moves = counter("session_moves", "re-opens that another verifier took (several "
+                             "behind a balancer)").labels(**m)
         self._link_state = Gauge("link_state", "1 for the current state of the link to the "
                                  "verifier", ("model", "state"), namespace=ns, registry=registry)
         self._unverified = counter("unverified_tokens", "tokens emitted without the target's "
@@ -123,13 +125,14 @@ class DaemonMetrics:
 
     def observe_generation(self, *, verified: int, unverified: int, target_passes: int,
                            bytes_up: int, bytes_down: int, wall_s: float, ttft_s: float | None,
-                           reopens: int) -> None:
+                           reopens: int, moves: int = 0) -> None:
         self._tokens.labels(model=self.model, verified="true").inc(verified)
         self._tokens.labels(model=self.model, verified="false").inc(unverified)
         self.target_passes.inc(target_passes)
         self.sent_bytes.inc(bytes_up)
         self.received_bytes.inc(bytes_down)
         self.reopens.inc(reopens)
+        self.moves.inc(moves)
         if wall_s > 0:
             self.tokens_per_second.observe((verified + unverified) / wall_s)
         if ttft_s is not None:

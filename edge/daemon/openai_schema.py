@@ -379,6 +379,10 @@ class TandemStats(BaseModel):
     ttft_s: float | None
     tokens_per_s: float
     reopens: int = Field(description="sessions re-opened after an outage or eviction")
+    moves: int = Field(0, description="re-opens that another verifier took (several verifiers "
+                                      "behind a balancer: each re-prefilled the whole context)")
+    verifier: str = Field("", description="the verifier that served the session last "
+                                          "(its server.name; empty: none reached)")
     draft_backend: str
     trace: list[RoundTrace] | None = None
 

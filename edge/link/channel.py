@@ -1,11 +1,20 @@
-"""The gRPC channel to the verifier and its call metadata (API key, TLS, keepalive)."""
+"""The gRPC channel to the verifier (or several: gRPC's own client-side load balancing) and its
+call metadata (API key, TLS, keepalive)."""
 from __future__ import annotations
 
+import json
 import os
 
 import grpc
 
 from edge.config import CloudLinkConfig
+
+# Call metadata carrying the session id (edge/link/verifier.py sends it on every call of a
+# session): ring_hash hashes it, and so can a proxy (docker/nginx-grpc.conf).
+SESSION_HEADER = "x-tandem-session"
+# grpcio 1.85 implements ring_hash's requestHashHeader (gRFC A76: ring_hash without xDS) but
+# reads it only with this set; without it every pick fails "hash attribute not present".
+RING_HASH_HEADER_ENV = "GRPC_EXPERIMENTAL_RING_HASH_SET_REQUEST_HASH_KEY"
 
 
 def api_key(link: CloudLinkConfig) -> str:
@@ -43,11 +52,43 @@ def channel_options(link: CloudLinkConfig) -> list[tuple[str, int | str]]:
     return options
 
 
+def names_several(target: str) -> bool:
+    """Whether a gRPC target can name several verifiers: an ipv4:/ipv6: list with a comma, or
+    a dns: name (it may resolve to several addresses)."""
+    scheme, colon, rest = target.partition(":")
+    if scheme in ("ipv4", "ipv6") and colon:
+        return "," in rest
+    return scheme == "dns" and bool(colon)
+
+
+def load_balancing(link: CloudLinkConfig, target: str) -> str:
+    """The policy for `target`: link.load_balancing, with auto resolved."""
+    if link.load_balancing != "auto":
+        return link.load_balancing
+    return "round_robin" if names_several(target) else "pick_first"
+
+
+def service_config(policy: str) -> str:
+    """gRPC's service config selecting `policy` (ring_hash keyed on the session id)."""
+    if policy == "ring_hash":
+        return json.dumps({"loadBalancingConfig": [
+            {"ring_hash_experimental": {"requestHashHeader": SESSION_HEADER}}]})
+    return json.dumps({"loadBalancingConfig": [{policy: {}}]})
+
+
 def make_channel(link: CloudLinkConfig, address: str | None = None) -> grpc.Channel:
-    """A channel to `address` (default: link.address), TLS when the link says so."""
+    """A channel to `address` (default: link.address), any gRPC target, balanced by gRPC's
+    own policy (link.load_balancing), TLS when the link says so."""
     target = address or link.address
+    options = channel_options(link)
+    policy = load_balancing(link, target)
+    if policy != "pick_first" or link.load_balancing == "pick_first":
+        # (auto on one address sets nothing: gRPC's default, as before several were possible)
+        options.append(("grpc.service_config", service_config(policy)))
+    if policy == "ring_hash":
+        os.environ.setdefault(RING_HASH_HEADER_ENV, "true")
     if not link.tls:
-        return grpc.insecure_channel(target, options=channel_options(link))
+        return grpc.insecure_channel(target, options=options)
     root = link.tls_root_cert.read_bytes() if link.tls_root_cert else None
     credentials = grpc.ssl_channel_credentials(root_certificates=root)
-    return grpc.secure_channel(target, credentials, options=channel_options(link))
+    return grpc.secure_channel(target, credentials, options=options)

@@ -46,6 +46,10 @@ _AUTH_CODES = {grpc.StatusCode.UNAUTHENTICATED: "API key missing",
                grpc.StatusCode.PERMISSION_DENIED: "API key not accepted"}
 _OUTAGE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                  grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
+# A balancer between edge and verifiers (docker/nginx-grpc.conf) resets the stream when the
+# verifier behind it dies mid-session: gRPC says INTERNAL "Received RST_STREAM with error code
+# 2". The verifier is gone, nothing was refused: an outage (the re-open goes to another one).
+_PROXY_RESET = "RST_STREAM"
 
 
 def classify(code: grpc.StatusCode, details: str, retry_after_s: float | None = None
@@ -60,7 +64,7 @@ def classify(code: grpc.StatusCode, details: str, retry_after_s: float | None = 
                            retry_after_s)
     if code == grpc.StatusCode.UNAVAILABLE and _TLS_PATTERNS.search(details):
         return LinkFailure(FailureKind.MISCONFIGURED, f"TLS handshake failed: {details}", code)
-    if code in _OUTAGE_CODES:
+    if code in _OUTAGE_CODES or (code == grpc.StatusCode.INTERNAL and _PROXY_RESET in details):
         return LinkFailure(FailureKind.OUTAGE, f"verifier unreachable: {code.name}: {details}",
                            code)
     if code == grpc.StatusCode.FAILED_PRECONDITION and "fingerprint" in details:

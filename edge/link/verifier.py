@@ -11,6 +11,7 @@ Error classes the round loop tells apart:
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from edge.caps import verifier_vocab
+from edge.link.channel import SESSION_HEADER
 from edge.link.errors import IdentityMismatch, check_identity
 from edge.link.stream import LinkDown, ProtocolError, SessionStream, VerifierMisconfigured
 from edge.link.wait import WaitRule
@@ -31,6 +33,9 @@ from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from edge.drafting import Block
+
+
+log = logging.getLogger(__name__)
 
 
 class Evicted(Exception):
@@ -46,6 +51,8 @@ class LinkTotals:
     drafted_tokens: int = 0      # tokens in Draft messages (re-sends included)
     q_encode_s: float = 0.0      # time spent coding q (Draft.q_coded)
     opens: int = 0
+    verifier: str = ""           # the verifier process that took the last Open (Opened.verifier)
+    moves: int = 0               # re-opens that another verifier took (several behind a balancer)
 
 
 @dataclass
@@ -70,7 +77,10 @@ class VerifierLink:
                  should_stop: Callable[[], bool] = lambda: False, fast: bool = False,
                  pinned_digest: str = "", offered_codec: QCodec | None = None) -> None:
         self.stub = stub
-        self.metadata = tuple(metadata)
+        # The session id rides on every call (Session streams and the probes of its waits): a
+        # balancer that hashes it (ring_hash, docker/nginx-grpc.conf) keeps the session on one
+        # verifier, and the probes ask that verifier.
+        self.metadata = (*metadata, (SESSION_HEADER, session_id))
         self.session_id = session_id
         self.target_model = target_model
         self.fingerprint = fingerprint
@@ -136,6 +146,14 @@ class VerifierLink:
         self.stream = stream
         self.server_context = len(context)
         self.totals.opens += 1
+        self._served_by(opened.verifier)
+
+    def _served_by(self, verifier: str) -> None:
+        """Count a re-open that another verifier took (it prefilled the whole context again)."""
+        before, self.totals.verifier = self.totals.verifier, verifier
+        if before and verifier and verifier != before:
+            self.totals.moves += 1
+            log.info("session %s moved from verifier %s to %s", self.session_id, before, verifier)
 
     def send(self, start: int, block: "Block", unverified: Sequence[int] = (), *,
              ahead: bool = False, assumed_token: int = 0, in_flight: int = 1) -> Sent:
