@@ -140,3 +140,23 @@ def test_capacity_smoke_sweeps_users_against_a_pinned_verifier(tmp_path):
     assert caps == {(c, t) for c in ("cloud-only", "fixed-k4") for t in (0.1, 0.05)}
     assert (tmp_path / "capacity.png").read_bytes()[:8] == PNG_MAGIC
     assert "Capacity" in done.stdout
+
+
+@pytest.mark.skipif(not (ROOT / ".venv-vllm/bin/python").exists(),
+                    reason=".venv-vllm is missing: scripts/bootstrap.sh --vllm makes it (scripts/test.sh runs it)")
+def test_capacity_smoke_serves_vllm_alone_through_the_same_links(tmp_path):
+    """The baseline an operator would pick instead: `vllm serve` pinned to the same core, one
+    user streaming OpenAI completions through its emulated link; output identical to the
+    target's greedy references."""
+    out = tmp_path / "capacity.json"
+    command = [sys.executable, "-m", "bench.cli", "capacity", "--channel", "lan", "--device", "laptop",
+               "--configs", "vllm-alone", "--users", "1", "--warmup-s", "4", "--window-s", "3",
+               "--drain-s", "20", "--prompts", "2", "--max-tokens", "16", "--json", str(out),
+               "--plots", str(tmp_path)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["config"] == "vllm-alone" and row["requests"] >= 1 and row["errors"] == 0
+    assert row["agreement"] == 1.0 and row["passes_per_token"] == 1.0
+    assert row["verifier_cpu_s_per_token"] is not None and row["ttft_p90_s"] is not None
