@@ -9,14 +9,14 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.capacity.stats import Capacity, Row, capacity_of
+from bench.capacity.stats import Capacity, PointRow, capacity_of
 
 DEFAULT = "adaptive"
 BASELINES = ("cloud-only", "vllm-alone")
 
 
-def capacities(rows: Sequence[Row], tpot_slos: Sequence[float]) -> list[Capacity]:
-    groups: dict[tuple[str, str, str], list[Row]] = {}
+def capacities(rows: Sequence[PointRow], tpot_slos: Sequence[float]) -> list[Capacity]:
+    groups: dict[tuple[str, str, str], list[PointRow]] = {}
     for row in rows:
         groups.setdefault((row.channel, row.device, row.config), []).append(row)
     out = []
@@ -33,7 +33,7 @@ def _f(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def rows_table(rows: Sequence[Row]) -> str:
+def rows_table(rows: Sequence[PointRow]) -> str:
     head = ("| channel/device | config | N | req | good | TTFT p90 s | TPOT p50/p90 ms | user tok/s p10/p50 "
             "| passes/tok (user, batched) | verifier CPU ms/tok | busy | verified | errors | driver CPU |")
     lines = [head, "|" + "---|" * 14]
@@ -82,13 +82,13 @@ def capacity_table(caps: Sequence[Capacity], tpot_slos: Sequence[float]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: Path, rows: Sequence[Row], caps: Sequence[Capacity], meta: dict) -> None:
+def write_json(path: Path, rows: Sequence[PointRow], caps: Sequence[Capacity], meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**meta, "rows": [asdict(r) for r in rows],
                                 "capacity": [asdict(c) for c in caps]}, indent=1) + "\n")
 
 
-def write_plots(out_dir: Path, rows: Sequence[Row], slo_tpot_s: float) -> list[Path]:
+def write_plots(out_dir: Path, rows: Sequence[PointRow], slo_tpot_s: float) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -34,7 +34,7 @@ class ServerReading:
 
 
 @dataclass
-class Row:
+class PointRow:
     """One (channel, device, config, users) point. The JSON's `rows` are these."""
     channel: str
     device: str
@@ -102,7 +102,7 @@ def bootstrap_share(flags: Sequence[bool], seed: int = 0) -> tuple[float, float]
 
 def summarize(channel: str, device: str, config: str, users: int, samples: Sequence[Sample],
               reading: ServerReading, slo_ttft_s: float, slo_tpot_s: float,
-              extra_tpot_slos: Sequence[float]) -> Row:
+              extra_tpot_slos: Sequence[float]) -> PointRow:
     ok = [s for s in samples if s.ok]
     good = [is_good(s, slo_ttft_s, slo_tpot_s) for s in samples]
     low, high = bootstrap_share(good)
@@ -120,7 +120,7 @@ def summarize(channel: str, device: str, config: str, users: int, samples: Seque
     tok = reading.window_tokens
     driver_share = (reading.driver_cpu_s / window / reading.driver_cores
                     if reading.driver_cpu_s is not None and window > 0 else None)
-    return Row(
+    return PointRow(
         channel=channel, device=device, config=config, users=users, requests=len(samples),
         good_share=sum(good) / len(samples) if samples else 0.0,
         good_share_low=low, good_share_high=high, good_share_by_tpot=by_tpot,
@@ -162,7 +162,7 @@ class Capacity:
     saturated: bool                     # a row up to capacity measured the emulator
 
 
-def capacity_of(rows: Sequence[Row], tpot_slo_s: float) -> int:
+def capacity_of(rows: Sequence[PointRow], tpot_slo_s: float) -> int:
     """Largest N of the unbroken run from the smallest N that has >= GOOD_SHARE good requests."""
     best = 0
     for row in sorted(rows, key=lambda r: r.users):

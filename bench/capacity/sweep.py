@@ -28,7 +28,7 @@ from bench.capacity.links import LinkFarm, user_offset
 from bench.capacity.replay import ReplayDraft, ReplayTable
 from bench.capacity.servers import (ServerProcess, cpu_seconds, pin_self, server_core_split,
                                     start_verifier, start_vllm)
-from bench.capacity.stats import GOOD_SHARE, Row, ServerReading, summarize
+from bench.capacity.stats import GOOD_SHARE, PointRow, ServerReading, summarize
 from bench.capacity.users import Sample, Window, run_openai_user, run_tandem_user
 from bench.channel import ChannelProfile
 from bench.workload import load_prompts
@@ -81,7 +81,7 @@ class Shared:
 
 @dataclass
 class CapacityRun:
-    rows: list[Row] = field(default_factory=list)
+    rows: list[PointRow] = field(default_factory=list)
     replay_misses: int = 0
 
 
@@ -145,8 +145,8 @@ class _Counter:
 
 def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, profile: ChannelProfile,
               device: DeviceSpec, name: str, users: int, server: ServerProcess,
-              driver_cores: int) -> Row:
-    """N users for warm-up + window (+ drain) against `server`; one Row."""
+              driver_cores: int) -> PointRow:
+    """N users for warm-up + window (+ drain) against `server`; one PointRow."""
     from edge.config import EdgeConfig
 
     t0 = time.monotonic()
@@ -250,7 +250,7 @@ def user_counts(options: CapacityOptions) -> list[int]:
 
 def sweep_config(options: CapacityOptions, bench: BenchConfig, shared: Shared, profile: ChannelProfile,
                  device: DeviceSpec, name: str, log_dir: Path, driver_cores: int,
-                 on_row: Callable[[Row], None]) -> list[Row]:
+                 on_row: Callable[[PointRow], None]) -> list[PointRow]:
     """One configuration's sweep in one cell, on a fresh server."""
     counts = user_counts(options)
     if name == VLLM:
@@ -259,9 +259,9 @@ def sweep_config(options: CapacityOptions, bench: BenchConfig, shared: Shared, p
     else:
         server = start_verifier(resolve_path(options.cloud_config), options.server_core, log_dir,
                                 max(counts), options.cloud_sets)
-    rows: list[Row] = []
+    rows: list[PointRow] = []
     try:
-        def measure(users: int) -> Row:
+        def measure(users: int) -> PointRow:
             row = run_point(options, bench, shared, profile, device, name, users, server, driver_cores)
             rows.append(row)
             on_row(row)
@@ -283,7 +283,7 @@ def sweep_config(options: CapacityOptions, bench: BenchConfig, shared: Shared, p
 
 def run_capacity(options: CapacityOptions, bench: BenchConfig, channels: Sequence[ChannelProfile],
                  devices: Sequence[DeviceSpec], log_dir: Path, progress: Callable[[str], None],
-                 on_row: Callable[[Row], None]) -> CapacityRun:
+                 on_row: Callable[[PointRow], None]) -> CapacityRun:
     import torch
 
     _, driver_cores = server_core_split(options.server_core)
