@@ -12,6 +12,8 @@ its Prometheus counters (the killed one's read just before the kill).
   python -m bench.failover --policy ring_hash    # affinity: gRPC hashes the session id
   python -m bench.failover --policy round_robin  # gRPC spreads, no affinity
   python -m bench.failover --proxy               # NGINX (docker/nginx-grpc.conf) in front
+  python -m bench.failover --no-kill --cloud-arg=--set --cloud-arg=limits.max_sessions=8
+                                                 # re-opens from evictions only: where they land
 """
 from __future__ import annotations
 
@@ -145,11 +147,12 @@ def two_verifiers(log_dir: Path, cloud_args: Sequence[str] = ()
 def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[VerifierProcess],
                  *, log_dir: Path, policy: str = "ring_hash", proxy: bool = False,
                  solo: Sequence[str] | None = None, kill_when_live: int = 4,
-                 timeout_s: float = 300.0) -> FailoverRun:
+                 kill: bool = True, timeout_s: float = 300.0) -> FailoverRun:
     """The run above on two running verifiers (two_verifiers); `policy`: the daemon's
     cloud.load_balancing (with `proxy` the daemon sees one address: auto). The first verifier
     is killed once it holds at least `kill_when_live` sessions and has answered as many rounds
-    as there are streams. solo: the prompts' outputs alone, when known (else run here)."""
+    as there are streams (not at all without `kill`: then only evictions re-open sessions).
+    solo: the prompts' outputs alone, when known (else run here)."""
     from bench.nginx import NginxProxy
 
     n = len(prompts)
@@ -184,7 +187,7 @@ def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[Ve
                                                                    max_tokens)))
         wave.start()
         deadline = time.monotonic() + timeout_s
-        while True:  # polls a's own counters: the kill must land mid-stream on its sessions
+        while kill:  # polls a's own counters: the kill must land mid-stream on its sessions
             now = a.metrics()
             if now.get(LIVE, 0) >= min(kill_when_live, n) and \
                     now.get(ROUNDS, 0) - before[a.name].get(ROUNDS, 0) >= n:
@@ -192,12 +195,15 @@ def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[Ve
             if not wave.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the first wave ended before verifier a held sessions")
             time.sleep(0.02)
-        live = int(now.get(LIVE, 0))
-        a.kill()
-        a.start()
+        if kill:
+            live = int(now.get(LIVE, 0))
+            a.kill()
+            a.start()
         wave.join(timeout_s)
         if wave.is_alive():
             raise TimeoutError("the first wave did not finish")
+        if not kill:
+            live, now = 0, a.metrics()
         first_counts = {a.name: VerifierCounts.between(before[a.name], now),
                         b.name: VerifierCounts.between(before[b.name], b.metrics())}
         daemon_after = _daemon_counts(url)
@@ -206,8 +212,9 @@ def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[Ve
                      int(daemon_after.get(REOPENS, 0) - daemon_before.get(REOPENS, 0)))
 
         # Second wave: both verifiers up again (a restarted: fresh counters).
-        a.wait_ready()
-        wait_back(url, model, prompts[0], a.name, timeout_s)
+        if kill:
+            a.wait_ready()
+            wait_back(url, model, prompts[0], a.name, timeout_s)
         before = {v.name: v.metrics() for v in verifiers}
         records = _records(_wave(url, model, prompts, max_tokens))
         daemon_end = _daemon_counts(url)
@@ -216,7 +223,7 @@ def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[Ve
                       int(daemon_end.get(MOVES, 0) - daemon_after.get(MOVES, 0)),
                       int(daemon_end.get(REOPENS, 0) - daemon_after.get(REOPENS, 0)))
     equal = [r.text == s for wave_ in (first, second) for r, s in zip(wave_.records, solo)]
-    return FailoverRun(list(solo), a.name, live, first, second, equal)
+    return FailoverRun(list(solo), a.name if kill else "", live, first, second, equal)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -228,6 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--cloud-arg", action="append", default=[],
                         help="extra argument for both tandem-cloud serve (repeatable)")
+    parser.add_argument("--no-kill", action="store_true", help=(
+        "kill nothing: only evictions re-open sessions (with --cloud-arg=--set "
+        "--cloud-arg=limits.max_sessions=N below the streams each verifier gets)"))
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--log-dir", type=Path, default=None,
                         help="keep the processes' logs here (default: a temporary folder)")
@@ -237,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_dir = args.log_dir or Path(folder)
         with two_verifiers(log_dir, args.cloud_arg) as verifiers:
             run = run_failover(prompts, args.max_tokens, verifiers, log_dir=log_dir,
-                               policy=args.policy, proxy=args.proxy)
+                               policy=args.policy, proxy=args.proxy, kill=not args.no_kill)
     summary = {"policy": "nginx hash consistent" if args.proxy else args.policy,
                **run.summary()}
     print(json.dumps(summary, indent=2))
