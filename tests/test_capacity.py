@@ -101,6 +101,7 @@ def test_a_point_counts_errors_as_not_good_and_reads_server_cost_per_token():
     assert row.good_share_by_tpot == {"0.1": 0.5, "0.05": 0.0}
     assert row.batched_passes_per_token == 0.25 and row.verifier_cpu_s_per_token == 0.05
     assert row.verifier_busy == 0.2 and row.emulator_saturated  # 95% of its one core
+    assert row.other_cpu_share is None and not row.contended
 
 
 def _row(users, share):

@@ -25,7 +25,8 @@ def capacities(rows: Sequence[PointRow], tpot_slos: Sequence[float]) -> list[Cap
             users = capacity_of(mine, slo)
             out.append(Capacity(channel, device, config, slo, users,
                                 swept_to=max(r.users for r in mine),
-                                saturated=any(r.emulator_saturated for r in mine if r.users <= max(users, 1))))
+                                saturated=any(r.emulator_saturated for r in mine if r.users <= max(users, 1)),
+                                contended=any(r.contended for r in mine)))
     return out
 
 
@@ -38,7 +39,8 @@ def rows_table(rows: Sequence[PointRow]) -> str:
             "| passes/tok (user, batched) | verifier CPU ms/tok | busy | verified | errors | driver CPU |")
     lines = [head, "|" + "---|" * 14]
     for r in rows:
-        flag = " SATURATED" if r.emulator_saturated else ""
+        flag = (" SATURATED" if r.emulator_saturated else "") + \
+            (f" CONTENDED (others {r.other_cpu_share:.0%})" if r.contended else "")
         lines.append(
             f"| {r.channel}/{r.device} | {r.config} | {r.users} | {r.requests} | {r.good_share:.2f} "
             f"[{r.good_share_low:.2f}, {r.good_share_high:.2f}] | {_f(r.ttft_p90_s)} | "
@@ -69,7 +71,7 @@ def capacity_table(caps: Sequence[Capacity], tpot_slos: Sequence[float]) -> str:
                 if c is None:
                     return "-"
                 more = "+" if c.users == c.swept_to else ""   # met at the largest N asked
-                return f"{c.users}{more}{' (sat)' if c.saturated else ''}"
+                return f"{c.users}{more}{' (sat)' if c.saturated else ''}{' (cont)' if c.contended else ''}"
 
             ratios = []
             mine = of.get((channel, device, DEFAULT, slo))

@@ -64,6 +64,14 @@ def tree_cpu_seconds(pid: int) -> float | None:
     return total
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds every process on the machine has used (all cores, /proc/stat), so that a
+    point can tell how much of the machine something else took."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def pin_self(cores: set[int]) -> None:
     os.sched_setaffinity(0, cores)
 

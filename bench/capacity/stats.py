@@ -10,6 +10,7 @@ GuideLLM definitions, ../shared/ANCHORS.md):
 """
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from tandem import metrics
 
 GOOD_SHARE = 0.9
 SATURATED_CPU_SHARE = 0.9     # the emulator's cores this busy: the row measures the emulator
+CONTENDED_CPU_SHARE = 0.15    # other processes took this share of the machine: the row is unsound
 RESAMPLES = 1000
 
 
@@ -31,6 +33,7 @@ class ServerReading:
     verifier_cpu_s: float | None = None
     driver_cpu_s: float | None = None   # devices, links and this driver
     driver_cores: int = 1
+    other_cpu_s: float | None = None    # every other process on the machine (it shares the cores)
 
 
 @dataclass
@@ -66,6 +69,8 @@ class PointRow:
     unfinished: int
     driver_cpu_share: float | None
     emulator_saturated: bool
+    other_cpu_share: float | None       # of the whole machine, taken by processes not under test
+    contended: bool                     # other processes took enough that the row is unsound
     first_errors: list[str] = field(default_factory=list)
 
 
@@ -120,6 +125,8 @@ def summarize(channel: str, device: str, config: str, users: int, samples: Seque
     tok = reading.window_tokens
     driver_share = (reading.driver_cpu_s / window / reading.driver_cores
                     if reading.driver_cpu_s is not None and window > 0 else None)
+    other_share = (reading.other_cpu_s / window / os.cpu_count()
+                   if reading.other_cpu_s is not None and window > 0 else None)
     return PointRow(
         channel=channel, device=device, config=config, users=users, requests=len(samples),
         good_share=sum(good) / len(samples) if samples else 0.0,
@@ -147,6 +154,8 @@ def summarize(channel: str, device: str, config: str, users: int, samples: Seque
         unfinished=sum(s.error is None and not s.finished for s in samples),
         driver_cpu_share=driver_share,
         emulator_saturated=driver_share is not None and driver_share >= SATURATED_CPU_SHARE,
+        other_cpu_share=other_share,
+        contended=other_share is not None and other_share >= CONTENDED_CPU_SHARE,
         first_errors=[s.error for s in samples if s.error][:3])
 
 
@@ -160,6 +169,7 @@ class Capacity:
     users: int
     swept_to: int                       # the largest N measured
     saturated: bool                     # a row up to capacity measured the emulator
+    contended: bool                     # a row of the sweep shared the machine with others
 
 
 def capacity_of(rows: Sequence[PointRow], tpot_slo_s: float) -> int:

@@ -26,8 +26,8 @@ from bench.bench.device import ThrottledDraft
 from bench.bench.oracle import target_greedy
 from bench.capacity.links import LinkFarm, user_offset
 from bench.capacity.replay import ReplayDraft, ReplayTable
-from bench.capacity.servers import (ServerProcess, cpu_seconds, pin_self, server_core_split,
-                                    start_verifier, start_vllm)
+from bench.capacity.servers import (ServerProcess, cpu_seconds, machine_busy_seconds, pin_self,
+                                    server_core_split, start_verifier, start_vllm)
 from bench.capacity.stats import GOOD_SHARE, PointRow, ServerReading, summarize
 from bench.capacity.users import Sample, Window, run_openai_user, run_tandem_user
 from bench.channel import ChannelProfile
@@ -166,7 +166,7 @@ def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, prof
     def read(label: str, at: float) -> None:
         if not stop.wait(max(0.0, at - time.monotonic())):
             readings[label] = (time.monotonic(), server.batched_passes(), server.cpu_seconds(),
-                               cpu_seconds_self())
+                               cpu_seconds_self(), machine_busy_seconds())
 
     edge: EdgeConfig = edge_config_of(bench)
     with LinkFarm() as farm:
@@ -234,14 +234,17 @@ def _wait_all(all_done: Callable[[float], bool], window: Window, stop: threading
 def _reading(readings: dict[str, tuple], tokens: int, window_s: float, driver_cores: int) -> ServerReading:
     if "from" not in readings or "until" not in readings:
         return ServerReading(window_s=window_s, window_tokens=tokens, driver_cores=driver_cores)
-    (t_a, passes_a, cpu_a, self_a), (t_b, passes_b, cpu_b, self_b) = readings["from"], readings["until"]
+    (t_a, passes_a, cpu_a, self_a, all_a), (t_b, passes_b, cpu_b, self_b, all_b) = \
+        readings["from"], readings["until"]
 
     def delta(a, b):
         return b - a if a is not None and b is not None else None
 
+    verifier, driver = delta(cpu_a, cpu_b), delta(self_a, self_b)
     return ServerReading(window_s=t_b - t_a, window_tokens=tokens,
-                         batched_passes=delta(passes_a, passes_b), verifier_cpu_s=delta(cpu_a, cpu_b),
-                         driver_cpu_s=delta(self_a, self_b), driver_cores=driver_cores)
+                         batched_passes=delta(passes_a, passes_b), verifier_cpu_s=verifier,
+                         driver_cpu_s=driver, driver_cores=driver_cores,
+                         other_cpu_s=max(0.0, all_b - all_a - (verifier or 0.0) - (driver or 0.0)))
 
 
 def user_counts(options: CapacityOptions) -> list[int]:

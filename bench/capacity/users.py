@@ -30,6 +30,7 @@ class Sample:
     tokens: int = 0
     verified_tokens: int = 0
     target_passes: int = 0          # this request's rounds that cost the target a pass
+    reopens: int = 0                # sessions it re-opened (evictions, reconnects, stalls)
     agrees: bool = True             # output identical to the target's greedy reference
     error: str | None = None
     finished: bool = True           # False: still running when the point's drain ended
@@ -82,6 +83,7 @@ def run_tandem_user(user: int, client: EdgeClient, prompts: Sequence[list[int]],
             sample.tokens = len(result.token_ids)
             sample.verified_tokens = sum(result.verified)
             sample.target_passes = result.target_passes
+            sample.reopens = result.reopens
             sample.agrees = result.token_ids == references[index][:len(result.token_ids)]
             sample.finished = result.finish_reason != "cancelled" and sample.tokens == max_tokens
         except Exception as error:  # noqa: BLE001 - a failed request is a measured error
