@@ -36,7 +36,9 @@ def add_parser(sub) -> None:
                         "Without --channel/--device: lte x phone and wifi x laptop; with them: "
                         "every channel x device")
     p.add_argument("--configs", type=_csv(str), default=defaults.configs,
-                   help=f"comma-separated configurations (default {','.join(CONFIGS)})")
+                   help=f"comma-separated configurations, of {','.join(CONFIGS)} (default: the "
+                        f"first five; adaptive-unpriced is the default controller on a verifier "
+                        f"that never prices its passes)")
     p.add_argument("--users", type=_csv(int), default=defaults.users,
                    help="comma-separated user counts to sweep (default 1,2,4,...,256); a "
                         "configuration stops at its first miss of the SLO")

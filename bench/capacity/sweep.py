@@ -38,8 +38,14 @@ from edge.runtime import load_draft_runtime
 from edge.tokenizer import EdgeTokenizer
 from tandem.config import resolve_path
 
-CONFIGS = ("cloud-only", "adaptive", "adaptive-capped", "fixed-k4", "vllm-alone")
+CONFIGS = ("cloud-only", "adaptive", "adaptive-capped", "fixed-k4", "vllm-alone", "adaptive-unpriced")
 VLLM = "vllm-alone"
+# The verifier settings a configuration needs beyond the shipped ones. adaptive-unpriced is the
+# shipped controller on a verifier that never prices its passes (price 0 at any load): the
+# default as it was before the price, kept to measure what the price buys.
+CLOUD_SETS = {"adaptive-unpriced": ("batch.target_queue_ms=60000",)}
+# Each configuration's edge policy (bench.bench.cell.client_config reads "adaptive*" names).
+POLICY_OF = {"adaptive-unpriced": "adaptive"}
 JOIN_GRACE_S = 30.0
 
 
@@ -48,7 +54,7 @@ class CapacityOptions:
     """Every knob of a capacity run, with its default (the CLI's flags override these)."""
     bench_config: Path = Path("configs/bench.yaml")   # edge config, devices, client overrides
     cloud_config: Path = Path("configs/cloud.yaml")   # the shipped verifier, as an operator runs it
-    configs: tuple[str, ...] = CONFIGS
+    configs: tuple[str, ...] = CONFIGS[:5]
     users: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     refine: bool = True            # one midpoint between the last pass and the first miss
     slo_ttft_s: float = 1.0
@@ -183,11 +189,11 @@ def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, prof
             _wait_all(lambda t: _all_done(workers, t), window, stop)
             channels = []
         else:
-            cc = client_config(bench, edge.client, name, device)
+            cc = client_config(bench, edge.client, POLICY_OF.get(name, name), device)
             channels = [make_channel(edge.cloud, f"{host}:{port}") for host, port in addresses]
             clients = [EdgeClient(ch, device_draft(shared, device, name != "cloud-only",
                                                    lambda: load_draft_runtime(edge.draft)),
-                                  cc, policy=build_policy(name, cc)) for ch in channels]
+                                  cc, policy=build_policy(POLICY_OF.get(name, name), cc)) for ch in channels]
             threads = [threading.Thread(target=run_tandem_user, name=f"user-{u}", daemon=True, args=(
                 u, client, shared.prompts, shared.references, options.max_tokens, window, record,
                 counter, stop)) for u, client in enumerate(clients)]
@@ -261,7 +267,7 @@ def sweep_config(options: CapacityOptions, bench: BenchConfig, shared: Shared, p
                             log_dir, max(counts))
     else:
         server = start_verifier(resolve_path(options.cloud_config), options.server_core, log_dir,
-                                max(counts), options.cloud_sets)
+                                max(counts), CLOUD_SETS.get(name, ()) + options.cloud_sets)
     rows: list[PointRow] = []
     try:
         def measure(users: int) -> PointRow:
