@@ -61,7 +61,8 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
                         help="edge YAML (relative: against the current directory, then the "
                              "repository root)")
-    parser.add_argument("--cloud", metavar="HOST:PORT", help="override cloud.address")
+    parser.add_argument("--cloud", metavar="TARGET", help="override cloud.address: HOST:PORT or "
+                        "any gRPC target naming several (ipv4:H1:P1,H2:P2, dns:///NAME:PORT)")
     parser.add_argument("--api-key", help="override cloud.api_key")
     parser.add_argument("--backend", choices=("llama.cpp", "onnxruntime", "torch"),
                         help="override draft.backend (the model file follows unless "
