@@ -33,6 +33,11 @@ export TANDEM_CHANNEL=${TANDEM_CHANNEL:-lte}
 SWITCH_TO=${TANDEM_CHECK_SWITCH_TO:-wifi}
 [[ $SWITCH_TO != "$TANDEM_CHANNEL" ]] || SWITCH_TO=lan
 export TANDEM_API_KEY=${TANDEM_API_KEY:-check-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')}
+# Profiles started with the default services (space-separated; unknown ones start nothing).
+# Not here: monitoring (images from Docker Hub), vllm (a GPU), netem (a kernel with netem).
+UP_PROFILES=()
+for profile in ${TANDEM_CHECK_PROFILES-scaleout}; do UP_PROFILES+=(--profile "$profile"); done
+ALL_PROFILES=(--profile loadgen "${UP_PROFILES[@]}")   # loadgen: run on its own, not by up
 PROMPTS=8
 MAX_TOKENS=48
 LOGS=$(mktemp -d /tmp/tandem-compose-check.XXXXXX)
@@ -53,23 +58,23 @@ finish() {
     for pid in "${LOCAL_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
     if (( STACK_UP )); then
         if (( rc != 0 )); then
-            compose --profile loadgen logs --no-color --tail 40 >"$LOGS/stack-at-failure.log" 2>&1 || true
+            compose "${ALL_PROFILES[@]}" logs --no-color --tail 40 >"$LOGS/stack-at-failure.log" 2>&1 || true
             tail -n 60 "$LOGS/stack-at-failure.log" >&2 || true
         fi
-        compose --profile loadgen down -v --remove-orphans --timeout 10 >"$LOGS/down.log" 2>&1 \
+        compose "${ALL_PROFILES[@]}" down -v --remove-orphans --timeout 10 >"$LOGS/down.log" 2>&1 \
             || { rc=1; FAILURE=${FAILURE:-"down failed (see $LOGS/down.log)"}; }
         local label=label=com.docker.compose.project=$PROJECT left
         left=$( { docker ps -aq --filter "$label"; docker network ls -q --filter "$label";
                   docker volume ls -q --filter "$label"; } | wc -l)
-        if (( left )); then rc=1; FAILURE=${FAILURE:-"$left containers/networks/volumes left"}; fi
-        SUMMARY+=("removed: containers, networks, volumes")
+        if (( left )); then
+            rc=1; FAILURE=${FAILURE:-"$left containers/networks/volumes of $PROJECT left"}
+        else
+            SUMMARY+=("removed: containers, networks, volumes")
+        fi
     fi
-    local IFS='|'
-    if (( rc == 0 )); then
-        echo "compose-check: PASS in $((SECONDS - T0))s |${SUMMARY[*]}| logs $LOGS"
-    else
-        echo "compose-check: FAIL at $STEP after $((SECONDS - T0))s: ${FAILURE:-exit $rc} |${SUMMARY[*]}| logs $LOGS"
-    fi
+    local verdict="PASS in $((SECONDS - T0))s"
+    (( rc == 0 )) || verdict="FAIL at $STEP after $((SECONDS - T0))s: ${FAILURE:-exit $rc}"
+    printf 'compose-check: %s' "$verdict"; printf ' | %s' "${SUMMARY[@]}" "logs $LOGS"; echo
     exit "$rc"
 }
 trap finish EXIT
@@ -92,7 +97,7 @@ else
     fail "neither 'docker compose' (v2) nor 'docker-compose' (v1) is installed"
 fi
 compose() { "${COMPOSE[@]}" -p "$PROJECT" -f "$ROOT/docker-compose.yml" "$@"; }
-SUMMARY+=(" ${COMPOSE[*]} $("${COMPOSE[@]}" version --short 2>/dev/null || echo '?') ")
+SUMMARY+=("${COMPOSE[*]} $("${COMPOSE[@]}" version --short 2>/dev/null || echo '?')")
 
 
 # ensure_venv: PY, the venv's python (scripts/bootstrap.sh makes .venv when it is missing).
@@ -160,17 +165,19 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
     bash scripts/make-base-image.sh "$BASE" 2>"$LOGS/base-image.log" || fail "make-base-image.sh failed ($LOGS/base-image.log)"
 fi
 export TANDEM_BASE_IMAGE=$BASE   # for a compose file whose build args read it
-compose --profile loadgen config >"$LOGS/compose-config.yml" || fail "compose config failed"
-# Per service the stack starts (no profile, or loadgen): its containers' service name, and for
-# those with a build section one line: image, context, Dockerfile, build args.
-PLAN=$("$YAML_PY" - "$LOGS/compose-config.yml" "$PROJECT$SEP" <<'EOF'
+compose "${ALL_PROFILES[@]}" config >"$LOGS/compose-config.yml" || fail "compose config failed"
+# "service NAME" per service `up` starts (no profile, or one of UP_PROFILES), and for those and
+# loadgen, when they have a build section, "build IMAGE CONTEXT DOCKERFILE ARG=VALUE...".
+PLAN=$("$YAML_PY" - "$LOGS/compose-config.yml" "$PROJECT$SEP" "${UP_PROFILES[@]}" <<'EOF'
 import sys, yaml
 services = yaml.safe_load(open(sys.argv[1]))["services"]
+up_profiles = set(sys.argv[4::2])
 for name, svc in services.items():
-    profiles = svc.get("profiles") or []
-    if profiles and "loadgen" not in profiles:
+    profiles = set(svc.get("profiles") or [])
+    started = not profiles or bool(profiles & up_profiles)
+    if not started and "loadgen" not in profiles:
         continue
-    if not profiles:
+    if started:
         print("service", name)
     build = svc.get("build")
     if build:
@@ -198,7 +205,7 @@ while read -r kind image context dockerfile args; do
     steps=$(grep -cE '^Step [0-9]+/|^#[0-9]+ \[' "$log" || true)
     cached=$(grep -cE 'Using cache|CACHED' "$log" || true)
     size=$(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.2f GB", $1 / 1e9}')
-    SUMMARY+=(" $image $size built in $((SECONDS - start))s, $cached of $steps steps cached, base $BASE ")
+    SUMMARY+=("$image $size built in $((SECONDS - start))s, $cached of $steps steps cached, base $BASE")
 done <<<"$PLAN"
 
 step "reference: plain processes"
@@ -229,13 +236,13 @@ if [[ -n $(docker ps -q --filter publish=8080) ]]; then
 fi
 STACK_UP=1
 start=$SECONDS
-compose up -d --no-build >"$LOGS/up.log" 2>&1 || { tail -n 20 "$LOGS/up.log" >&2; fail "up -d failed ($LOGS/up.log)"; }
+compose "${UP_PROFILES[@]}" up -d --no-build >"$LOGS/up.log" 2>&1 || { tail -n 20 "$LOGS/up.log" >&2; fail "up -d failed ($LOGS/up.log)"; }
 
 # all_healthy: every container of every default service running, and healthy where it has a check.
 all_healthy() {
     local service id state pending=0
     for service in $SERVICES; do
-        ids=$(compose ps -q "$service")
+        ids=$(compose "${UP_PROFILES[@]}" ps -q "$service")
         [[ -n $ids ]] || { pending=1; continue; }
         for id in $ids; do
             state=$(docker inspect -f '{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$id")
@@ -250,7 +257,7 @@ all_healthy() {
 }
 for _ in $(seq $((HEALTH_TIMEOUT / 2))); do all_healthy && break; sleep 2; done
 all_healthy || fail "not every service healthy within ${HEALTH_TIMEOUT}s"
-SUMMARY+=(" healthy in $((SECONDS - start))s: $(echo $SERVICES) ")
+SUMMARY+=("healthy in $((SECONDS - start))s: $(echo $SERVICES)")
 
 step "held-out prompts through the edge"
 EDGE_URL=http://$(compose port edge 8080 | tail -n 1)
@@ -264,29 +271,33 @@ for i in differ:
     print(f"prompt {i}: local {local[i]['text']!r}\n          stack {stack[i]['text']!r}", file=sys.stderr)
 sys.exit(1 if differ or len(local) != len(stack) else 0)
 EOF
-SUMMARY+=(" $PROMPTS/$PROMPTS held-out prompts 100% verified over $TANDEM_CHANNEL, identical to plain processes ")
+SUMMARY+=("$PROMPTS/$PROMPTS held-out prompts 100% verified over $TANDEM_CHANNEL, identical to plain processes")
 
 step "loadgen profile"
 compose --profile loadgen run --rm -T loadgen >"$LOGS/loadgen.log" 2>&1 \
     || { tail -n 20 "$LOGS/loadgen.log" >&2; fail "loadgen reported errors ($LOGS/loadgen.log)"; }
 # Its table (header, dashes, one "run" row) as "column value" pairs; cells are 2+ spaces apart.
-SUMMARY+=(" loadgen: $(awk -F '  +' '/^-+(  -+)*$/ {split(prev, h)} {prev = $0}
+SUMMARY+=("loadgen: $(awk -F '  +' '/^-+(  -+)*$/ {split(prev, h)} {prev = $0}
     $1 == "run" {for (i = 2; i <= NF; i++) if (h[i] ~ /^(req|errors|verified|verified tok\/s|tau)$/)
-                     printf "%s%s %s", (n++ ? ", " : ""), h[i], $i}' "$LOGS/loadgen.log") ")
+                     printf "%s%s %s", (n++ ? ", " : ""), h[i], $i}' "$LOGS/loadgen.log")")
 
 step "channel $TANDEM_CHANNEL -> $SWITCH_TO"
 FIRST=$TANDEM_CHANNEL
 export TANDEM_CHANNEL=$SWITCH_TO
-compose up -d --no-build channel >"$LOGS/switch.log" 2>&1 || fail "recreating the channel failed ($LOGS/switch.log)"
+compose "${UP_PROFILES[@]}" up -d --no-build channel >"$LOGS/switch.log" 2>&1 || fail "recreating the channel failed ($LOGS/switch.log)"
 for _ in $(seq 60); do all_healthy && break; sleep 2; done
 all_healthy || fail "the stack is not healthy after the switch"
-for id in $(compose ps -q channel); do
-    docker inspect -f '{{json .Config.Cmd}}' "$id" | grep -qF "configs/channels/$SWITCH_TO.yaml" \
-        || fail "channel ${id:0:12} runs $(docker inspect -f '{{json .Config.Cmd}}' "$id")"
-    docker logs "$id" 2>&1 | grep -qF "\"event\": \"listening\", \"profile\": \"$SWITCH_TO\"" \
-        || fail "channel ${id:0:12} does not say it listens with profile $SWITCH_TO"
+# Its command names the new profile file, and the emulator's first line says it loaded it.
+# (Output goes to files before grep: `grep -q` closing a pipe early fails it under pipefail.)
+for id in $(compose "${UP_PROFILES[@]}" ps -q channel); do
+    docker inspect -f '{{json .Config.Cmd}}' "$id" >"$LOGS/channel-cmd.json"
+    grep -qF "configs/channels/$SWITCH_TO.yaml" "$LOGS/channel-cmd.json" \
+        || fail "channel ${id:0:12} runs $(cat "$LOGS/channel-cmd.json")"
+    docker logs "$id" >"$LOGS/channel-$SWITCH_TO.log" 2>&1
+    grep -qF "\"event\": \"listening\", \"profile\": \"$SWITCH_TO\"" "$LOGS/channel-$SWITCH_TO.log" \
+        || fail "channel ${id:0:12} does not say it listens with profile $SWITCH_TO ($LOGS/channel-$SWITCH_TO.log)"
 done
 send_prompts "$EDGE_URL" "$LOGS/switched.json" 1 >"$LOGS/switched-prompts.log" 2>&1 \
     || { cat "$LOGS/switched-prompts.log" >&2; fail "no verified request through the $SWITCH_TO channel"; }
-SUMMARY+=(" channel $FIRST -> $SWITCH_TO applied and verifying ")
+SUMMARY+=("channel $FIRST -> $SWITCH_TO applied and verifying")
 step "teardown"
