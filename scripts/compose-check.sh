@@ -10,17 +10,20 @@
 #    (scripts/make-base-image.sh, made once) with TORCH_INDEX empty (torch from the wheels there).
 # 3. The reference: the same models as plain processes from .venv (tandem-cloud serve +
 #    tandem-edge serve on free loopback ports): 8 held-out prompts, greedy.
-# 4. `up -d` with TANDEM_API_KEY; waits for every container of every default service to be
-#    healthy; the 8 prompts through the edge's published port with the key: each 100% verified
-#    and the same text as the reference; the loadgen profile (0 errors); TANDEM_CHANNEL switched,
-#    the channel recreated, its log must name the new profile and a request must verify through it.
+# 4. `up -d` with TANDEM_API_KEY (default services plus the scaleout profile's, the channel then
+#    forwarding to its balancer); waits for every container of those services to be healthy;
+#    the 8 prompts through the edge's published port with the key: each 100% verified and the
+#    same text as the reference; the loadgen profile (0 errors); TANDEM_CHANNEL switched, the
+#    channel recreated, its log must name the new profile and a request must verify through it.
 # 5. Always (trap): `down -v --remove-orphans`, the reference processes stopped; then one summary
 #    line on stdout. The images stay: a second run reuses their layers.
 #
-# Environment: TANDEM_BASE_IMAGE (skip the choice in 3), TANDEM_TORCH_INDEX (the Dockerfile's
+# Environment: TANDEM_BASE_IMAGE (skip the choice in 2), TANDEM_TORCH_INDEX (the Dockerfile's
 # TORCH_INDEX), TANDEM_CHANNEL (first profile, default lte), TANDEM_CHECK_SWITCH_TO (default
-# wifi), TANDEM_CHECK_VENV (default .venv, made by scripts/bootstrap.sh when missing),
-# TANDEM_CHECK_PROJECT (compose project, default tandem-check), TANDEM_CHECK_HEALTH_TIMEOUT (600 s).
+# wifi), TANDEM_CHECK_PROFILES (default scaleout; empty for the default services alone),
+# TANDEM_CLOUD_UPSTREAM (where the channel forwards), TANDEM_CHECK_VENV (default .venv, made by
+# scripts/bootstrap.sh when missing), TANDEM_CHECK_PROJECT (compose project, default
+# tandem-check), TANDEM_CHECK_HEALTH_TIMEOUT (600 s).
 # Logs of every step: a folder under /tmp (outside the build context), named in the summary.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -189,6 +192,11 @@ for name, svc in services.items():
 EOF
 ) || fail "cannot read $LOGS/compose-config.yml"
 SERVICES=$(awk '$1 == "service" {print $2}' <<<"$PLAN")
+# With the scaleout profile's balancer up, the channel forwards to it (cloud and cloud-b behind
+# it), so that the prompts cross every service the stack starts.
+if grep -qx "service balancer" <<<"$PLAN"; then
+    export TANDEM_CLOUD_UPSTREAM=${TANDEM_CLOUD_UPSTREAM:-balancer:50051}
+fi
 declare -A BUILT=()
 while read -r kind image context dockerfile args; do
     [[ $kind == build && -z ${BUILT[$image]:-} ]] || continue
@@ -271,7 +279,7 @@ for i in differ:
     print(f"prompt {i}: local {local[i]['text']!r}\n          stack {stack[i]['text']!r}", file=sys.stderr)
 sys.exit(1 if differ or len(local) != len(stack) else 0)
 EOF
-SUMMARY+=("$PROMPTS/$PROMPTS held-out prompts 100% verified over $TANDEM_CHANNEL, identical to plain processes")
+SUMMARY+=("$PROMPTS/$PROMPTS held-out prompts 100% verified over $TANDEM_CHANNEL${TANDEM_CLOUD_UPSTREAM:+ to $TANDEM_CLOUD_UPSTREAM}, identical to plain processes")
 
 step "loadgen profile"
 compose --profile loadgen run --rm -T loadgen >"$LOGS/loadgen.log" 2>&1 \
