@@ -151,7 +151,8 @@ def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[Ve
     """The run above on two running verifiers (two_verifiers); `policy`: the daemon's
     cloud.load_balancing (with `proxy` the daemon sees one address: auto). The first verifier
     is killed once it holds at least `kill_when_live` sessions and has answered as many rounds
-    as there are streams (not at all without `kill`: then only evictions re-open sessions).
+    as it holds (they are past their Opens, mid-stream; not at all without `kill`: then only
+    evictions re-open sessions).
     solo: the prompts' outputs alone, when known (else run here)."""
     from bench.nginx import NginxProxy
 
@@ -189,11 +190,12 @@ def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[Ve
         deadline = time.monotonic() + timeout_s
         while kill:  # polls a's own counters: the kill must land mid-stream on its sessions
             now = a.metrics()
-            if now.get(LIVE, 0) >= min(kill_when_live, n) and \
-                    now.get(ROUNDS, 0) - before[a.name].get(ROUNDS, 0) >= n:
+            live, rounds = now.get(LIVE, 0), now.get(ROUNDS, 0) - before[a.name].get(ROUNDS, 0)
+            if live >= min(kill_when_live, n) and rounds >= live:
                 break
             if not wave.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the first wave ended before verifier a held sessions")
+                raise RuntimeError(f"the first wave ended before verifier a held sessions "
+                                   f"mid-stream (last seen: {live:.0f} live, {rounds:.0f} rounds)")
             time.sleep(0.02)
         if kill:
             live = int(now.get(LIVE, 0))
