@@ -1,8 +1,8 @@
 """The edge model ladder and fast mode, measured (issue 11): `python -m bench.ladder`.
 
     python -m bench.ladder [--prompts 3] [--max-tokens 32] [--channels lan lte]
-                           [--devices laptop phone] [--thresholds 4 5.5 7]
-                           [--min-confidences 0.1 0.125 0.15 0.2 0.3] [--max-unverified-run 16]
+                           [--devices laptop phone] [--min-agreements 0.9 0.95 0.97]
+                           [--sources code prose] [--fast-prompts 8] [--max-unverified-run 16]
                            [--json PATH] [--plot PATH] [--markdown]
 
 One in-process verifier (cloud.service on 127.0.0.1, the shipped target), a channel emulator in
@@ -20,14 +20,15 @@ Lossless (every token verified; output must equal the target's own greedy output
      tandem-small scaled by its parameter count relative to tandem-draft (a phone's energy per
      token grows with the weights it reads).
 
-Fast mode (entropy switch, mode fast, one channel and device): per entropy threshold t
-(fast_enter_hard = t, fast_exit_hard = t - 0.5 nats; the rolling entropy below them lets spans go
-unverified) and per confidence cut c (fast_min_confidence: within a span a position whose draft
-top probability is below c ends it, and the target is asked for that position's token in a
-round of fast_unsure_k draft tokens):
+Fast mode (mode fast held to a stated agreement, edge/fast_mode.py; one channel and device):
+per prompt source (bench/prompt_sources.py: held-out code, and prose from the held-out files'
+docstrings and comments; the eval files, which the calibration prior was not fitted on) and per
+min_agreement A (a fresh client each: its calibration starts from the shipped prior and learns
+over the sources in turn):
   verified share   tokens the target checked / tokens emitted
   agreement        share of emitted tokens equal to the target's greedy choice after the same
                    emitted prefix (teacher-forced: one target pass over prompt + output)
+  predicted        the calibration's expected agreement (GenerationResult.agreement), beside it
   mean log-lik     mean log p_target(token | emitted prefix) over the output
   uplink B/token   every serialized message sent / tokens emitted
   longest run      longest unverified run seen (must be <= --max-unverified-run)
@@ -50,12 +51,13 @@ from bench.bench.device import ThrottledDraft, joules
 from bench.bench.oracle import target_greedy
 from bench.channel import ChannelProfile, ChannelProxy
 from bench.channel.profile import load_profile
+from bench.prompt_sources import SOURCES, load_source
 from bench.workload import load_prompts
 from cloud.config import CloudConfig
 from cloud.runtime.target import TargetRuntime
 from cloud.service import create_server
 from edge.client import EdgeClient, GenerationRequest
-from edge.config import DEFAULT_DRAFTER, ClientConfig, EdgeConfig, EntropySwitchConfig, resolve_paths
+from edge.config import DEFAULT_DRAFTER, ClientConfig, EdgeConfig, resolve_paths
 from edge.link import make_channel
 from edge.rounds import GenerationResult
 from edge.runtime import DraftConfig, load_draft_runtime
@@ -66,7 +68,7 @@ from tandem.config import load_config, merge, resolve_path
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = "small"
 LOSSLESS_CONFIGS = ("draft", "small", "switch")
-HYSTERESIS = 0.5  # nats between the fast curve's two thresholds
+FAST_CONTEXT_TOKENS = 400  # a fast prompt's last tokens, as bench.fast_mode sends them
 
 
 @dataclass
@@ -85,11 +87,12 @@ class LosslessRow:
 
 @dataclass
 class FastRow:
-    threshold: float
-    min_confidence: float
+    source: str
+    min_agreement: float
     tokens: int
     verified_share: float
     agreement: float
+    predicted: float           # the calibration's expected agreement, token-weighted
     mean_loglik: float
     uplink_bytes_per_token: float
     tokens_per_s: float
@@ -135,11 +138,8 @@ def lossless_client(base: ClientConfig, name: str) -> ClientConfig:
     return base.model_copy(update={"policy": "fixed", "mode": "lossless"})
 
 
-def fast_client(base: ClientConfig, t: float, cut: float, max_run: int) -> ClientConfig:
-    entropy = EntropySwitchConfig(**{**base.entropy.model_dump(), "fast_enter_hard": t,
-                                     "fast_exit_hard": max(t - HYSTERESIS, 0.0),
-                                     "fast_min_confidence": cut})
-    return base.model_copy(update={"policy": "entropy", "mode": "fast", "entropy": entropy,
+def fast_client(base: ClientConfig, max_run: int) -> ClientConfig:
+    return base.model_copy(update={"policy": "entropy", "mode": "fast",
                                    "max_unverified_run": max_run})
 
 
@@ -174,6 +174,9 @@ def run(args: argparse.Namespace) -> dict:
                          bench.max_prompt_chars)
     prompts = [tokenizer.encode(t) for t in texts]
     warmup, prompts = prompts[-1], prompts[:-1]
+    sources = {s: [tokenizer.encode(t)[-FAST_CONTEXT_TOKENS:] for t in
+                   load_source(resolve_path(SOURCES[s]), "eval", args.fast_prompts)]
+               for s in args.sources}
     target = TargetRuntime(resolve_path(cloud.model.path), device=cloud.model.device,
                            dtype=cloud.model.dtype)
     references = [target_greedy(target, p, args.max_tokens) for p in prompts]
@@ -193,7 +196,7 @@ def run(args: argparse.Namespace) -> dict:
                 lossless += _lossless(edge, device, profile, port, rungs, cost, prompts,
                                       references, warmup, args)
         fast = _fast(edge, devices[0], channels[0], port, throttled(ladder, devices[0], cost),
-                     target, prompts, args)
+                     target, sources, args)
     finally:
         server.stop(0).wait(30)
         for rt in ladder.values():
@@ -265,33 +268,39 @@ def _lossless(edge: EdgeConfig, device: DeviceSpec, profile: ChannelProfile, por
 
 
 def _fast(edge: EdgeConfig, device: DeviceSpec, profile: ChannelProfile, port: int,
-          ladder: Mapping[str, DraftRuntime], target: TargetRuntime, prompts: list[list[int]],
-          args: argparse.Namespace) -> list[FastRow]:
+          ladder: Mapping[str, DraftRuntime], target: TargetRuntime,
+          sources: Mapping[str, list[list[int]]], args: argparse.Namespace) -> list[FastRow]:
     rows = []
     with ChannelProxy(profile, upstream=("127.0.0.1", port)) as proxy:
         host, proxy_port = proxy.address
         channel = make_channel(edge.cloud, f"{host}:{proxy_port}")
         try:
-            for cut, t in ((c, t) for c in args.min_confidences for t in args.thresholds):
-                client = _client(channel, ladder,
-                                 fast_client(edge.client, t, cut, args.max_unverified_run))
-                tokens = verified = agree = up = 0
-                loglik = wall = 0.0
-                longest = 0
-                for prompt in prompts:
-                    res = _generate(client, ladder, prompt, args.max_tokens, mode="fast")
-                    a, ll = teacher_forced(target, prompt, res.token_ids)
-                    tokens += len(res.token_ids)
-                    verified += sum(res.verified)
-                    agree += a
-                    loglik += ll
-                    up += res.bytes_up
-                    wall += res.wall_s
-                    longest = max(longest, longest_false_run(res.verified))
-                rows.append(FastRow(threshold=t, min_confidence=cut, tokens=tokens, verified_share=verified / tokens,
-                                    agreement=agree / tokens, mean_loglik=loglik / tokens,
-                                    uplink_bytes_per_token=up / tokens, tokens_per_s=tokens / wall,
-                                    longest_unverified_run=longest))
+            for a in args.min_agreements:
+                # a fresh client: its calibration starts from the shipped prior
+                client = _client(channel, ladder, fast_client(edge.client, args.max_unverified_run))
+                for source, prompts in sources.items():
+                    tokens = verified = agree = up = 0
+                    loglik = wall = predicted = 0.0
+                    longest = 0
+                    for prompt in prompts:
+                        res = _generate(client, ladder, prompt, args.max_tokens, mode="fast",
+                                        min_agreement=a)
+                        n = len(res.token_ids)
+                        good, ll = teacher_forced(target, prompt, res.token_ids)
+                        tokens += n
+                        verified += sum(res.verified)
+                        agree += good
+                        predicted += res.agreement["expected_agreement"] * n
+                        loglik += ll
+                        up += res.bytes_up
+                        wall += res.wall_s
+                        longest = max(longest, longest_false_run(res.verified))
+                    rows.append(FastRow(
+                        source=source, min_agreement=a, tokens=tokens,
+                        verified_share=verified / tokens, agreement=agree / tokens,
+                        predicted=predicted / tokens, mean_loglik=loglik / tokens,
+                        uplink_bytes_per_token=up / tokens, tokens_per_s=tokens / wall,
+                        longest_unverified_run=longest))
         finally:
             channel.close()
     return rows
@@ -311,13 +320,15 @@ def speedups(rows: Sequence[LosslessRow]) -> dict:
 
 
 def fast_goal(rows: Sequence[FastRow]) -> dict:
-    """The lowest verified share among settings with agreement >= 95% (goal: <= 40%)."""
-    ok = [r for r in rows if r.agreement >= 0.95]
-    best = min(ok, key=lambda r: r.verified_share) if ok else None
-    return {"threshold": best.threshold if best else None,
-            "min_confidence": best.min_confidence if best else None,
-            "verified_share": best.verified_share if best else None,
-            "goal": 0.40, "met": bool(best and best.verified_share <= 0.40)}
+    """Issue 30's goals: at min_agreement 0.95, on every source, agreement >= 95% with <= 40% of
+    tokens verified; and every point's predicted agreement within 2 points of the measured."""
+    at = [r for r in rows if abs(r.min_agreement - 0.95) < 1e-9]
+    gap = max((abs(r.predicted - r.agreement) for r in rows), default=None)
+    return {"verified_share": {r.source: r.verified_share for r in at},
+            "agreement": {r.source: r.agreement for r in at},
+            "max_prediction_gap": gap, "goal_verified": 0.40, "goal_gap": 0.02,
+            "met": bool(at) and all(r.agreement >= 0.95 and r.verified_share <= 0.40
+                                    for r in at) and gap is not None and gap <= 0.02}
 
 
 def markdown(report: dict) -> str:
@@ -331,17 +342,20 @@ def markdown(report: dict) -> str:
     lines += ["", "switch ÷ better single drafter: " + ", ".join(
         f"{k} {v:.2f}×" for k, v in s["per_profile"].items()) + f"; mean {s['mean']:.2f}× "
         f"(goal ≥ 1.1×: {'met' if s['met'] else 'not met'})", "",
-        "| threshold t | cut c | verified share | agreement | mean log-lik | uplink B/token | tok/s | longest unverified run |",
-        "|---|---|---|---|---|---|---|---|"]
+        "| source | min_agreement | verified share | agreement | predicted | mean log-lik | "
+        "uplink B/token | tok/s | longest unverified run |",
+        "|---|---|---|---|---|---|---|---|---|"]
     for r in report["fast"]:
-        lines.append(f"| {r['threshold']:.2f} | {r['min_confidence']:.2f} | {r['verified_share']:.2f} | {r['agreement']:.3f} | "
-                     f"{r['mean_loglik']:.3f} | {r['uplink_bytes_per_token']:.1f} | "
-                     f"{r['tokens_per_s']:.1f} | {r['longest_unverified_run']} |")
+        lines.append(f"| {r['source']} | {r['min_agreement']:.2f} | {r['verified_share']:.3f} | "
+                     f"{r['agreement']:.3f} | {r['predicted']:.3f} | {r['mean_loglik']:.3f} | "
+                     f"{r['uplink_bytes_per_token']:.1f} | {r['tokens_per_s']:.1f} | "
+                     f"{r['longest_unverified_run']} |")
     g = report["goal_fast"]
-    lines += ["", "fast goal (at ≥ 95 % agreement the cloud verifies ≤ 40 % of tokens): " +
-              (f"t = {g['threshold']}, c = {g['min_confidence']}, verified share {g['verified_share']:.2f} — "
-               f"{'met' if g['met'] else 'not met'}" if g["threshold"] is not None
-               else "no threshold reached 95 % agreement — not met")]
+    gap = "n/a" if g["max_prediction_gap"] is None else f"{g['max_prediction_gap'] * 100:.1f}"
+    lines += ["", "fast goal (min_agreement 0.95: agreement >= 95 % with <= 40 % verified on every "
+              "source; predicted within 2 points): verified " + ", ".join(
+                  f"{s} {v:.1%}" for s, v in g["verified_share"].items()) +
+              f"; largest prediction gap {gap} points — {'met' if g['met'] else 'not met'}"]
     return "\n".join(lines)
 
 
@@ -351,17 +365,20 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
     rows = report["fast"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for cut in sorted({r["min_confidence"] for r in rows}):
-        line = [r for r in rows if r["min_confidence"] == cut]
-        ax.plot([r["verified_share"] for r in line], [r["agreement"] for r in line], "o-",
-                label=f"confidence cut c = {cut:g}")
+    for source in sorted({r["source"] for r in rows}):
+        line = sorted((r for r in rows if r["source"] == source), key=lambda r: r["min_agreement"])
+        drawn = ax.plot([r["verified_share"] for r in line], [r["agreement"] for r in line], "o-",
+                        label=f"{source}: teacher-forced")
+        ax.plot([r["verified_share"] for r in line], [r["predicted"] for r in line], "x--",
+                color=drawn[0].get_color(), label=f"{source}: predicted")
         for r in line:
-            ax.annotate(f"t={r['threshold']:g}", (r["verified_share"], r["agreement"]), fontsize=8)
+            ax.annotate(f"A={r['min_agreement']:g}", (r["verified_share"], r["agreement"]),
+                        fontsize=8)
     ax.axhline(0.95, color="grey", ls="--", lw=0.8)
     ax.axvline(0.40, color="grey", ls=":", lw=0.8)
     ax.set_xlabel("share of tokens the cloud verified")
     ax.set_ylabel("agreement (teacher-forced)")
-    ax.set_title("fast mode over entropy thresholds t and confidence cuts c")
+    ax.set_title("fast mode held to min_agreement A")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -380,11 +397,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="channel profiles (configs/channels/NAME.yaml)")
     parser.add_argument("--devices", nargs="+", default=["laptop", "phone"],
                         help="device profiles (configs/devices/NAME.yaml)")
-    parser.add_argument("--thresholds", type=float, nargs="+", default=[4.0, 5.5, 7.0],
-                        help="fast mode: entropy thresholds t (nats) of the curve")
-    parser.add_argument("--min-confidences", type=float, nargs="+",
-                        default=[0.1, 0.125, 0.15, 0.2, 0.3],
-                        help="fast mode: confidence cuts c of the curve")
+    parser.add_argument("--min-agreements", type=float, nargs="+", default=[0.9, 0.95, 0.97],
+                        help="fast mode: the requests' min_agreement, one point of the curve each")
+    parser.add_argument("--sources", nargs="+", default=list(SOURCES), choices=list(SOURCES),
+                        help="fast mode: prompt sources (bench/prompt_sources.py, eval files)")
+    parser.add_argument("--fast-prompts", type=int, default=8,
+                        help="fast mode: prompts per source")
     parser.add_argument("--max-unverified-run", type=int, default=16,
                         help="fast mode: the requests' bound on unverified runs")
     parser.add_argument("--small", type=Path, default=Path("models/tandem-small"),

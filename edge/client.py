@@ -26,6 +26,7 @@ from edge.config import DEFAULT_DRAFTER, ClientConfig
 from edge.control.entropy import EntropySwitch
 from edge.control.policy import DraftPolicy, FixedK, make_policy
 from edge.drafting import DraftCursor
+from edge.fast_calibration import FastCalibration
 from edge.generation import Generation
 from edge.link import VerifierLink, check_verdict
 from edge.link.monitor import LinkMonitor
@@ -58,6 +59,9 @@ class GenerationRequest:
     # spans unverified (edge/control/entropy.py). None = client.mode.
     mode: str | None = None
     max_unverified_run: int | None = None  # fast mode's bound; None = client.max_unverified_run
+    # fast mode: the expected share of emitted tokens the target would itself choose
+    # (edge/fast_mode.py); None = client.fast.min_agreement
+    min_agreement: float | None = None
     # While the verifier is away: "continue" | "wait" | "require_verified" (edge/link/
     # offline.py); None = client.offline. offline_wait_s: None = client.offline_wait_s.
     offline: str | None = None
@@ -85,7 +89,8 @@ class EdgeClient:
                  metadata: Sequence[tuple[str, str]] = (),
                  policy: DraftPolicy | None = None,
                  drafters: Mapping[str, DraftRuntime] | None = None,
-                 monitor: LinkMonitor | None = None) -> None:
+                 monitor: LinkMonitor | None = None,
+                 calibration: FastCalibration | None = None) -> None:
         """monitor: the link monitor shared by this process's clients (edge/link/monitor.py);
         with it, a returning verifier is used as soon as it answers, and a misconfigured link
         fails the request naming the cause."""
@@ -102,6 +107,9 @@ class EdgeClient:
         self.jitter_rng = random.Random()  # unseeded: edges must not retry in lockstep
         self.monitor = monitor
         self._fast_policy: DraftPolicy | None = None  # built on the first fast request
+        # fast mode's agreement calibration (shared by a daemon's clients; else this client's)
+        self.calibration = calibration if calibration is not None \
+            else FastCalibration.from_config(config.fast)
         # The coded q format this client offers verifiers (None: plain SparseDistributions).
         self.q_codec = (codec_for(draft.fingerprint(), draft.vocab_size)
                         if config.q_codec == "entropy" else None)
@@ -126,6 +134,8 @@ class EdgeClient:
             raise ValueError(f"max_unverified_run must be >= 0, got {request.max_unverified_run}")
         if request.min_tokens_per_s is not None and not request.min_tokens_per_s >= 0:
             raise ValueError(f"min_tokens_per_s must be >= 0, got {request.min_tokens_per_s}")
+        if request.min_agreement is not None and not 0 < request.min_agreement <= 1:
+            raise ValueError(f"min_agreement must be in (0, 1], got {request.min_agreement}")
         if request.offline is not None and request.offline not in OFFLINE_MODES:
             raise ValueError(f"offline must be one of {OFFLINE_MODES}, got {request.offline!r}")
         offline = OfflineControl(self.config, self.monitor, request.offline,
@@ -144,7 +154,11 @@ class EdgeClient:
                               fast=mode == "fast",
                               max_unverified_run=self.config.max_unverified_run
                               if request.max_unverified_run is None
-                              else request.max_unverified_run, offline=offline).run()
+                              else request.max_unverified_run, offline=offline,
+                              calibration=self.calibration,
+                              min_agreement=self.config.fast.min_agreement
+                              if request.min_agreement is None
+                              else request.min_agreement).run()
         finally:
             offline.close()
 

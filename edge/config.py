@@ -185,6 +185,28 @@ class EntropySwitchConfig(Settings):
 
 
 
+class FastModeConfig(Settings):
+    """Fast mode held to a stated agreement (edge/fast_mode.py, edge/fast_calibration.py)."""
+    min_agreement: float | None = Field(0.95, gt=0, le=1, description=(
+        "a fast request's default min_agreement: the expected share of emitted tokens the "
+        "target would itself choose; spans go unverified only while the generation's expected "
+        "agreement, by the calibration, stays at or above it. None = no stated agreement: "
+        "the entropy switch's fixed cut (entropy.fast_min_confidence) ends spans"))
+    calibration_prior: Path | None = Field(Path("models/fast-calibration.json"), description=(
+        "the shipped prior of P(target agrees | draft confidence) per local model "
+        "(models/train/fast_calibration.py); None = every model starts flat (verify all "
+        "until measured)"))
+    prior_models: dict[str, str] = Field(
+        default_factory=lambda: {"draft": "tandem-draft", "small": "tandem-small"},
+        description="ladder rung name -> its entry in the prior file (the model pair)")
+    prior_tokens: float = Field(1000.0, ge=0, le=1e7, description=(
+        "checked tokens the prior is worth at the start; it decays like the edge's evidence"))
+    half_life_tokens: float = Field(1000.0, gt=0, le=1e7, description=(
+        "checked tokens after which evidence (the prior included) counts half"))
+    audit_share: float = Field(0.05, ge=0, le=1, description=(
+        "share of the confident tokens (spans that could go unverified) the target checks "
+        "anyway, so the calibration sees itself being wrong"))
+
 class ClientConfig(Settings):
     """How one generation session drafts, waits, retries and falls back to local decoding."""
     draft_length: int = Field(4, ge=0, le=64, description="draft tokens per round (fixed k); "
@@ -211,6 +233,7 @@ class ClientConfig(Settings):
     adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
     device: DeviceProfile = Field(default_factory=DeviceProfile)
     entropy: EntropySwitchConfig = Field(default_factory=EntropySwitchConfig)
+    fast: FastModeConfig = Field(default_factory=FastModeConfig)
     mode: Literal["lossless", "fast"] = Field(
         "lossless", description="default mode of a request that names none: lossless (every "
                                 "token verified) or fast (low-entropy spans emitted unverified, "

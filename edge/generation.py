@@ -25,6 +25,7 @@ from edge.caps import Caps
 from edge.config import DEFAULT_DRAFTER, ClientConfig
 from edge.control.policy import DraftPolicy
 from edge.drafting import DraftCursor, TokenChooser
+from edge.fast_calibration import FastCalibration
 from edge.fast_mode import FastModeGate
 from edge.link import Stopped, VerifierLink
 from edge.link.offline import OfflineControl
@@ -47,13 +48,18 @@ class Generation:
                  stop_event: threading.Event | None = None,
                  jitter_rng: random.Random | None = None,
                  cursors: Mapping[str, DraftCursor] | None = None, fast: bool = False,
-                 max_unverified_run: int = 0, offline: OfflineControl | None = None) -> None:
+                 max_unverified_run: int = 0, offline: OfflineControl | None = None,
+                 calibration: FastCalibration | None = None,
+                 min_agreement: float | None = None) -> None:
         """cursor: the default local model's; cursors: every local model's by ladder name;
         offline: the request's offline policy (deadlines from the measured link,
-        the circuit breaker, the monitor, the offline mode)."""
+        the circuit breaker, the monitor, the offline mode); calibration, min_agreement: fast
+        mode's agreement calibration and the request's target (edge/fast_mode.py)."""
         offline = offline if offline is not None else OfflineControl(config)
         cursors = dict(cursors) if cursors else {DEFAULT_DRAFTER: cursor}
-        gate = FastModeGate(fast, max_unverified_run)
+        gate = FastModeGate(fast, max_unverified_run, calibration, min_agreement,
+                            sampling=not request.sampling.greedy,
+                            unsure_k=config.entropy.fast_unsure_k)
         self.state = state = GenerationState(request, policy, gate, on_tokens, on_round,
                                              stop_event)
         link.wait_rule = offline.wait_rule()
@@ -100,6 +106,7 @@ class Generation:
             r.q_encode_s = totals.q_encode_s
             r.wall_s = time.monotonic() - state.t0
             r.reopens = max(totals.opens - 1, 0)
+            r.agreement = state.gate.report()
             r.moves, r.verifier = totals.moves, totals.verifier
         return state.result
 

@@ -124,6 +124,7 @@ class GenerationState:
         """The round's one record: to the log, the policy and on_round."""
         record.index = len(self.result.rounds_log)
         self.result.rounds_log.append(record)
+        self.gate.observe(record)  # checked tokens feed fast mode's calibration
         self.policy.update(record)
         if self.on_round is not None:
             self.on_round(record)

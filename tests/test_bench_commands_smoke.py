@@ -19,15 +19,17 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_ladder_smoke_checks_lossless_outputs_and_draws_the_fast_curve(tmp_path, capsys):
     report_path, plot_path = tmp_path / "ladder.json", tmp_path / "curve.png"
     assert ladder.main(["--prompts", "1", "--max-tokens", "12", "--channels", "lan",
-                        "--devices", "laptop", "--thresholds", "5", "--min-confidences", "0.2",
-                        "0.5", "--max-unverified-run", "4", "--json", str(report_path),
+                        "--devices", "laptop", "--min-agreements", "0.9", "0.97",
+                        "--fast-prompts", "1", "--max-unverified-run", "4", "--json", str(report_path),
                         "--plot", str(plot_path)]) == 0
     report = json.loads(report_path.read_text())
     assert [r["config"] for r in report["lossless"]] == ["draft", "small", "switch"]
     assert all(r["identical"] and r["tokens"] == 12 for r in report["lossless"])
-    assert [(r["threshold"], r["min_confidence"]) for r in report["fast"]] == [(5.0, 0.2), (5.0, 0.5)]
+    assert [(r["min_agreement"], r["source"]) for r in report["fast"]] == [
+        (0.9, "code"), (0.9, "prose"), (0.97, "code"), (0.97, "prose")]
     for row in report["fast"]:
         assert 0.0 < row["verified_share"] <= 1.0 and 0.0 <= row["agreement"] <= 1.0
+        assert row["min_agreement"] <= row["predicted"] <= 1.0
         assert row["longest_unverified_run"] <= 4
     assert plot_path.read_bytes()[:8] == PNG_MAGIC
     assert "fast goal" in capsys.readouterr().out

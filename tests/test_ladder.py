@@ -21,7 +21,7 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
                               target_runtime, verifier)
 
 from edge.client import EdgeClient, GenerationRequest, VerifierRefused
-from edge.config import DEFAULT_DRAFTER, ClientConfig, EntropySwitchConfig
+from edge.config import DEFAULT_DRAFTER, ClientConfig, EntropySwitchConfig, FastModeConfig
 from edge.control.policy import Plan, RoundView
 from edge.runtime import DraftConfig, load_draft_runtime
 from tandem.sampling import SamplingParams, warp
@@ -29,6 +29,9 @@ from tandem.sampling import SamplingParams, warp
 torch.set_num_threads(1)
 
 NEW_TOKENS = 32
+# Fast mode without a stated agreement: the entropy switch's own confidence cut ends spans (the
+# calibrated gate has its own tests, tests/test_fast_calibration*.py).
+UNCALIBRATED = FastModeConfig(min_agreement=None)
 
 
 class Alternate:
@@ -149,7 +152,7 @@ def test_fast_mode_marks_tokens_and_honours_the_unverified_bound(
                                      fast_exit_hard=20.0, start_state="easy",
                                      fast_min_confidence=0.0)
     client = switching_client(verifier, ladder, entropy=permissive, mode="fast",
-                              max_unverified_run=16)
+                              max_unverified_run=16, fast=UNCALIBRATED)
     for ids, bound in zip(prompt_ids[:3], (3, 5, 7)):
         result = client.generate(GenerationRequest(ids, NEW_TOKENS, mode="fast",
                                                    max_unverified_run=bound))
@@ -183,7 +186,8 @@ def test_fast_mode_sends_only_unsure_positions_to_the_verifier(
     entropy = EntropySwitchConfig(enter_hard=20.0, exit_hard=20.0, fast_enter_hard=20.0, fast_exit_hard=20.0,
                                      start_state="easy",
                                   fast_min_confidence=cut, fast_unsure_k=unsure_k)
-    client = switching_client(verifier, ladder, entropy=entropy, mode="fast", max_unverified_run=16)
+    client = switching_client(verifier, ladder, entropy=entropy, mode="fast", max_unverified_run=16,
+                              fast=UNCALIBRATED)
     ids = prompt_ids[5]
     result = client.generate(GenerationRequest(ids, 48, mode="fast"))
     local = [r for r in result.rounds_log if not r.verified]

@@ -40,6 +40,7 @@ from edge.daemon.metrics import DaemonMetrics
 from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, CompletionRequest,
                                        ModelCard, ModelList, RoundTrace, TandemStats)
 from edge.daemon.stop import StopMatcher
+from edge.fast_calibration import FastCalibration
 from edge.link.monitor import LinkMonitor
 from edge.runtime.base import DraftRuntime
 from edge.tokenizer import EdgeTokenizer
@@ -81,6 +82,7 @@ class GenerationJob:
     trace: bool = False               # return the per-round trace in the stats
     mode: str | None = None           # lossless | fast; None = the client config's
     max_unverified_run: int | None = None
+    min_agreement: float | None = None   # fast mode's target; None = the client config's
     ignore_eos: bool = False          # do not stop at the tokenizer's end of text
     offline: str | None = None        # continue | wait | require_verified; None = client's
     offline_wait_s: float | None = None
@@ -134,8 +136,10 @@ class Engine:
         self.monitor = monitor
         # `ladders`: per pool slot, the ladder's other local models by name (edge.config
         # EdgeConfig.ladder); each client drafts with whichever rung its policy picks.
+        calibration = FastCalibration.from_config(client_config.fast)  # one, learnt by all
         self._clients = [EdgeClient(channel, runtime, client_config, metadata=metadata,
-                                    monitor=monitor, drafters=ladders[i] if ladders else None)
+                                    monitor=monitor, drafters=ladders[i] if ladders else None,
+                                    calibration=calibration)
                          for i, runtime in enumerate(runtimes)]
         self._idle: list[EdgeClient] = list(self._clients)
         self._lock = threading.Lock()
@@ -221,6 +225,7 @@ class Engine:
                              stop_strings=tuple(req.stop_strings), draft_length=req.draft_length,
                              trace=req.tandem_trace, mode=req.mode,
                              max_unverified_run=req.max_unverified_run, ignore_eos=req.ignore_eos,
+                             min_agreement=req.min_agreement,
                              offline=req.offline, offline_wait_s=req.offline_wait_s,
                              min_tokens_per_s=req.min_tokens_per_s)
 
@@ -326,6 +331,7 @@ class Engine:
         request = GenerationRequest(prompt_ids=list(job.prompt_ids), max_tokens=job.max_tokens,
                                     sampling=job.sampling, draft_length=job.draft_length,
                                     mode=job.mode, max_unverified_run=job.max_unverified_run,
+                                    min_agreement=job.min_agreement,
                                     stop_ids=stop_ids, offline=job.offline,
                                     offline_wait_s=job.offline_wait_s,
                                     min_tokens_per_s=job.min_tokens_per_s)
@@ -455,7 +461,7 @@ def build_stats(result: GenerationResult, emitted: _Emitted, wall_s: float, back
         ttft_s=emitted.first_token_s,
         tokens_per_s=n_tokens / wall_s if wall_s > 0 else 0.0, reopens=result.reopens,
         moves=result.moves, verifier=result.verifier,
-        draft_backend=backend,
+        draft_backend=backend, agreement=result.agreement,
         trace=[RoundTrace(t_s=r.t_start_s + r.draft_s + r.send_s + r.rtt_s, draft_length=r.drafted,
                           accepted=r.accepted or 0, rtt_ms=r.rtt_s * 1000.0,
                           server_ms=(r.server_queue_s + r.server_forward_s + r.server_verify_s)

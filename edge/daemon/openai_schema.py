@@ -85,6 +85,10 @@ class _Request(BaseModel):
     max_unverified_run: int | None = Field(None, ge=0, le=4096, description=(
         "Tandem extension: fast mode's longest run of unverified tokens; None = "
         "client.max_unverified_run"))
+    min_agreement: float | None = Field(None, gt=0, le=1, description=(
+        "Tandem extension, fast mode: the expected share of emitted tokens the target would "
+        "itself choose; spans go unverified only while the calibrated expectation stays at or "
+        "above it; None = client.fast.min_agreement"))
     offline: Literal["continue", "wait", "require_verified"] | None = Field(
         None, description="Tandem extension: while the verifier is away, continue locally "
                           "(unverified), wait up to offline_wait_s for it, or require_verified "
@@ -360,6 +364,18 @@ class RoundTrace(BaseModel):
     tokens: int = Field(0, description="tokens the round committed")
 
 
+class AgreementStats(BaseModel):
+    """A fast request's agreement with the target (edge/fast_mode.py): expected by the edge's
+    calibration over every emitted token (a verified token agrees), and measured on the
+    confident draft tokens the target checked (audits, verified rounds)."""
+    min_agreement: float
+    expected_agreement: float
+    measured_agreement: float | None = Field(description="None when no confident token was checked")
+    checked_tokens: int
+    checked_expected_agreement: float | None = Field(
+        description="what the calibration expected of those checked tokens")
+
+
 class TandemStats(BaseModel):
     """Tandem's own statistics for one generation (the extra `tandem` field)."""
     rounds: int = Field(description="Draft -> Verdict exchanges")
@@ -384,6 +400,8 @@ class TandemStats(BaseModel):
     verifier: str = Field("", description="the verifier that served the session last "
                                           "(its server.name; empty: none reached)")
     draft_backend: str
+    agreement: AgreementStats | None = Field(None, description="fast mode (calibrated): the "
+                                             "expected and the measured agreement")
     trace: list[RoundTrace] | None = None
 
 

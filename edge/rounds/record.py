@@ -92,6 +92,8 @@ class GenerationResult:
     ttft_s: float = 0.0          # until the first token was committed
     finish_reason: str = ""      # "length" | "stop" | "cancelled"
     reopens: int = 0             # Opens after the first (evictions, reconnects, back online)
+    # a calibrated fast request: expected and measured agreement (edge/fast_mode.py report)
+    agreement: dict | None = None
     moves: int = 0               # re-opens another verifier took (several behind a balancer)
     verifier: str = ""           # the verifier that served the last Open (Opened.verifier)
 
