@@ -60,10 +60,8 @@ finish() {
     for pid in "${LOCAL_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${LOCAL_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
     if (( STACK_UP )); then
-        if (( rc != 0 )); then
-            compose "${ALL_PROFILES[@]}" logs --no-color --tail 40 >"$LOGS/stack-at-failure.log" 2>&1 || true
-            tail -n 60 "$LOGS/stack-at-failure.log" >&2 || true
-        fi
+        compose "${ALL_PROFILES[@]}" logs --no-color >"$LOGS/stack.log" 2>&1 || true
+        (( rc == 0 )) || tail -n 60 "$LOGS/stack.log" >&2 || true
         compose "${ALL_PROFILES[@]}" down -v --remove-orphans --timeout 10 >"$LOGS/down.log" 2>&1 \
             || { rc=1; FAILURE=${FAILURE:-"down failed (see $LOGS/down.log)"}; }
         local label=label=com.docker.compose.project=$PROJECT left
