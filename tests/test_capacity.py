@@ -117,11 +117,12 @@ def test_capacity_is_the_last_user_count_before_the_first_miss():
 
 
 def test_capacity_smoke_sweeps_users_against_a_pinned_verifier(tmp_path):
-    """The real command, seconds long: two configurations, 1 and 2 users on lan/laptop."""
+    """The real command, seconds long: two configurations, 1 and 2 users on lan/laptop, spread
+    over two verifier processes (both on core 0)."""
     out = tmp_path / "capacity.json"
     command = [sys.executable, "-m", "bench.cli", "capacity", "--channel", "lan", "--device", "laptop",
                "--configs", "cloud-only,fixed-k4", "--users", "1,2", "--warmup-s", "1", "--window-s", "3",
-               "--drain-s", "20", "--prompts", "2", "--max-tokens", "16", "--no-refine",
+               "--drain-s", "20", "--prompts", "2", "--max-tokens", "16", "--no-refine", "--verifiers", "2",
                "--json", str(out), "--plots", str(tmp_path)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -140,7 +141,8 @@ def test_capacity_smoke_sweeps_users_against_a_pinned_verifier(tmp_path):
     caps = {(c["config"], c["tpot_slo_s"]) for c in report["capacity"]}
     assert caps == {(c, t) for c in ("cloud-only", "fixed-k4") for t in (0.1, 0.05)}
     assert (tmp_path / "capacity.png").read_bytes()[:8] == PNG_MAGIC
-    assert "Capacity" in done.stdout
+    assert "Capacity" in done.stdout and report["options"]["verifiers"] == 2
+    assert len(list((tmp_path / "logs").glob("*/server-1/verifier.log"))) == 2
 
 
 @pytest.mark.skipif(not (ROOT / ".venv-vllm/bin/python").exists(),

@@ -57,8 +57,11 @@ def add_parser(sub) -> None:
                    help="a user's pause between a response and its next request")
     p.add_argument("--prompts", type=int, default=defaults.prompts)
     p.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
-    p.add_argument("--server-core", type=int, default=defaults.server_core,
-                   help="the one core the server is pinned to (the users run on the others)")
+    p.add_argument("--server-core", type=_csv(int), default=defaults.server_cores, metavar="CORE[,CORE...]",
+                   help="the core the server is pinned to (default 0; the users run on the others); "
+                        "with --verifiers, verifier i takes the i-th core of the list (cycling)")
+    p.add_argument("--verifiers", type=int, default=defaults.verifiers,
+                   help="server processes per configuration, users spread over them (default 1)")
     p.add_argument("--live-draft", action="store_true",
                    help="every user runs the real draft instead of the replay (small N only)")
     p.add_argument("--cloud-set", action="append", default=[], metavar="KEY=VALUE",
@@ -75,12 +78,14 @@ def options_of(args: argparse.Namespace) -> CapacityOptions:
         raise argparse.ArgumentTypeError(f"unknown configurations {sorted(unknown)}; choose from {CONFIGS}")
     if not args.users or min(args.users) < 1:
         raise argparse.ArgumentTypeError("--users needs counts >= 1")
+    if args.verifiers < 1 or not args.server_core:
+        raise argparse.ArgumentTypeError("--verifiers needs >= 1 and --server-core a core")
     return replace(CapacityOptions(), configs=args.configs, users=args.users, refine=not args.no_refine,
                    slo_ttft_s=args.slo_ttft_s, slo_tpot_s=args.slo_tpot_s,
                    extra_tpot_slos=tuple(t for t in args.also_tpot_s if t != args.slo_tpot_s),
                    warmup_s=args.warmup_s, window_s=args.window_s, drain_s=args.drain_s,
                    think_s=args.think_s, prompts=args.prompts, max_tokens=args.max_tokens,
-                   server_core=args.server_core, live_draft=args.live_draft,
+                   server_cores=args.server_core, verifiers=args.verifiers, live_draft=args.live_draft,
                    cloud_sets=tuple(args.cloud_set))
 
 
@@ -132,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     print(rows_table(rows))
     print()
     print(f"Capacity: the largest N with >= 90% of requests good (TTFT <= {options.slo_ttft_s:g} s "
-          f"and TPOT <= the SLO); one server process on core {options.server_core} of this machine's CPU")
+          f"and TPOT <= the SLO); {options.verifiers} server process(es) on core(s) "
+          f"{','.join(map(str, options.server_cores))} of this machine's CPU")
     print(capacity_table(caps, slos))
     meta = {"slo": {"ttft_s": options.slo_ttft_s, "tpot_s": list(slos), "good_share": 0.9},
             "options": {f.name: _plain(getattr(options, f.name)) for f in fields(options)},

@@ -76,13 +76,14 @@ def pin_self(cores: set[int]) -> None:
     os.sched_setaffinity(0, cores)
 
 
-def server_core_split(core: int) -> tuple[set[int], set[int]]:
-    """(the server's core, the driver's cores). With one core in all they share it."""
+def server_core_split(cores: Sequence[int]) -> tuple[set[int], set[int]]:
+    """(the servers' cores, the driver's cores). With no core left they share them."""
     available = os.sched_getaffinity(0)
-    if core not in available:
-        raise ValueError(f"core {core} is not available to this process ({sorted(available)})")
-    rest = available - {core}
-    return {core}, rest or {core}
+    missing = set(cores) - available
+    if missing:
+        raise ValueError(f"cores {sorted(missing)} are not available to this process ({sorted(available)})")
+    rest = available - set(cores)
+    return set(cores), rest or set(cores)
 
 
 @dataclass
@@ -117,6 +118,32 @@ class ServerProcess:
 
     def close(self) -> None:
         self._stack.close()
+
+
+@dataclass
+class ServerGroup:
+    """The servers of one configuration (one unless --verifiers asks for more): user u is
+    served by servers[u % len(servers)] (a balancer with session affinity, in effect)."""
+    servers: list[ServerProcess]
+
+    @property
+    def model(self) -> str:
+        return self.servers[0].model
+
+    def for_user(self, user: int) -> ServerProcess:
+        return self.servers[user % len(self.servers)]
+
+    def cpu_seconds(self) -> float | None:
+        readings = [s.cpu_seconds() for s in self.servers]
+        return None if any(r is None for r in readings) else sum(readings)
+
+    def batched_passes(self) -> int | None:
+        readings = [s.batched_passes() for s in self.servers]
+        return None if any(r is None for r in readings) else sum(readings)
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
 
 
 def _spawn(argv: Sequence[str], core: int, log_path: Path, env: dict[str, str],

@@ -26,7 +26,7 @@ from bench.bench.device import ThrottledDraft
 from bench.bench.oracle import target_greedy
 from bench.capacity.links import LinkFarm, user_offset
 from bench.capacity.replay import ReplayDraft, ReplayTable
-from bench.capacity.servers import (ServerProcess, cpu_seconds, machine_busy_seconds, pin_self,
+from bench.capacity.servers import (ServerGroup, cpu_seconds, machine_busy_seconds, pin_self,
                                     server_core_split, start_verifier, start_vllm)
 from bench.capacity.stats import GOOD_SHARE, PointRow, ServerReading, summarize
 from bench.capacity.users import Sample, Window, run_openai_user, run_tandem_user
@@ -67,7 +67,8 @@ class CapacityOptions:
     prompts: int = 16
     prompt_offset: int = 16        # past the decided bench's 16 prompts
     max_tokens: int = 48
-    server_core: int = 0
+    server_cores: tuple[int, ...] = (0,)   # the servers' cores (verifier i on cores[i % len])
+    verifiers: int = 1             # server processes per configuration (users spread over them)
     live_draft: bool = False       # each user runs the real draft (small N: the replay check)
     replay_depth: int = 24         # the draft chain precomputed at every position
     cloud_sets: tuple[str, ...] = ()   # --set KEY=VALUE for the verifier
@@ -150,7 +151,7 @@ class _Counter:
 
 
 def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, profile: ChannelProfile,
-              device: DeviceSpec, name: str, users: int, server: ServerProcess,
+              device: DeviceSpec, name: str, users: int, server: ServerGroup,
               driver_cores: int) -> PointRow:
     """N users for warm-up + window (+ drain) against `server`; one PointRow."""
     from edge.config import EdgeConfig
@@ -176,7 +177,7 @@ def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, prof
 
     edge: EdgeConfig = edge_config_of(bench)
     with LinkFarm() as farm:
-        addresses = [farm.add(profile, server.host_port, user_offset(profile, u, users),
+        addresses = [farm.add(profile, server.for_user(u).host_port, user_offset(profile, u, users),
                               seed=f"{profile.seed}:{u}") for u in range(users)]
         reader = threading.Thread(target=lambda: (read("from", window.measure_from),
                                                   read("until", window.measure_until)), daemon=True)
@@ -262,12 +263,20 @@ def sweep_config(options: CapacityOptions, bench: BenchConfig, shared: Shared, p
                  on_row: Callable[[PointRow], None]) -> list[PointRow]:
     """One configuration's sweep in one cell, on a fresh server."""
     counts = user_counts(options)
-    if name == VLLM:
-        server = start_vllm(resolve_path(bench_cloud_model(options)), options.server_core,
-                            log_dir, max(counts))
-    else:
-        server = start_verifier(resolve_path(options.cloud_config), options.server_core, log_dir,
-                                max(counts), CLOUD_SETS.get(name, ()) + options.cloud_sets)
+    per_server = -(-max(counts) // options.verifiers)
+    server = ServerGroup([])
+    try:
+        for i in range(options.verifiers):
+            core = options.server_cores[i % len(options.server_cores)]
+            log = log_dir / f"server-{i}"
+            server.servers.append(
+                start_vllm(resolve_path(bench_cloud_model(options)), core, log, per_server)
+                if name == VLLM else
+                start_verifier(resolve_path(options.cloud_config), core, log, per_server,
+                               CLOUD_SETS.get(name, ()) + options.cloud_sets))
+    except BaseException:
+        server.close()
+        raise
     rows: list[PointRow] = []
     try:
         def measure(users: int) -> PointRow:
@@ -295,7 +304,7 @@ def run_capacity(options: CapacityOptions, bench: BenchConfig, channels: Sequenc
                  on_row: Callable[[PointRow], None]) -> CapacityRun:
     import torch
 
-    _, driver_cores = server_core_split(options.server_core)
+    _, driver_cores = server_core_split(options.server_cores)
     pin_self(driver_cores)
     torch.set_num_threads(len(driver_cores))  # the references and the replay table, off the server's core
     shared = prepare(options, bench, progress)
