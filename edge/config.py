@@ -140,7 +140,8 @@ class EntropySwitchConfig(Settings):
     # request could emit went to the verifier (tandem ladder: 45-74% verified, vs 38-40% at 5.5).
     fast_enter_hard: float = Field(5.5, ge=0, le=20,
                                    description="enter_hard for a fast request: above it, blocks "
-                                               "are verified whole")
+                                               "are verified whole (only without a stated "
+                                               "agreement, client.fast.min_agreement None)")
     fast_exit_hard: float = Field(5.0, ge=0, le=20,
                                   description="exit_hard for a fast request; below fast_enter_hard")
     min_dwell_rounds: int = Field(2, ge=0, le=1000,
@@ -154,9 +155,10 @@ class EntropySwitchConfig(Settings):
     # easy text) the cloud verified 38% / 36% of tokens at 95.9% / 95.3% agreement with the
     # target; 0.15 gave 40% at 97.1%, 0.2 44-46% at 97.5%, 0.1 fell below 95% agreement.
     fast_min_confidence: float = Field(
-        0.125, ge=0, le=1, description="fast mode: an unverified span ends before the first "
-                                     "position whose draft top probability is below this; the "
-                                     "target is asked for that position")
+        0.125, ge=0, le=1, description="fast mode without a stated agreement (client.fast."
+                                     "min_agreement None): an unverified span ends before the "
+                                     "first position whose draft top probability is below this; "
+                                     "the target is asked for that position")
     fast_unsure_k: int = Field(
         0, ge=0, le=64, description="fast mode: draft tokens in the verified round that follows "
                                     "an unsure position; 0 asks the target for that one token, "
@@ -236,8 +238,9 @@ class ClientConfig(Settings):
     fast: FastModeConfig = Field(default_factory=FastModeConfig)
     mode: Literal["lossless", "fast"] = Field(
         "lossless", description="default mode of a request that names none: lossless (every "
-                                "token verified) or fast (low-entropy spans emitted unverified, "
-                                "chosen by the entropy switch whatever `policy` is)")
+                                "token verified) or fast (spans emitted unverified while the "
+                                "expected agreement holds, client.fast; drafted by the entropy "
+                                "switch whatever `policy` is)")
     max_unverified_run: int = Field(16, ge=0, le=4096,
                                     description="fast mode: most tokens in a row emitted "
                                                 "without verification (a request may lower it)")

@@ -150,9 +150,10 @@ def test_sampled_output_through_the_daemon_has_the_targets_law(shipped_daemon, p
 
 
 def test_fast_mode_bench_smoke(capsys):
-    """`python -m bench.fast_mode` on one prompt: the shipped config's verified share and
-    agreement come out (the full run: 16 prompts x 64 tokens, README)."""
+    """`python -m bench.fast_mode` on one prompt per source: the shipped config's verified
+    share, teacher-forced and predicted agreement come out per source (the full run: README)."""
     from bench.fast_mode import main
     assert main(["--prompts", "1", "--max-tokens", "16"]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert "tokens verified" in line and "agreement" in line, line
+    lines = capsys.readouterr().out.strip().splitlines()[-2:]
+    for line, source in zip(lines, ("code", "prose")):
+        assert source in line and "verified" in line and "predicted" in line, line
