@@ -208,7 +208,9 @@ while read -r kind image context dockerfile args; do
     start=$SECONDS
     docker build --network host "${build_args[@]}" -f "$dockerfile" -t "$image" "$context" </dev/null >"$log" 2>&1 \
         || { tail -n 30 "$log" >&2; fail "docker build of $image failed ($log)"; }
-    steps=$(grep -cE '^Step [0-9]+/|^#[0-9]+ \[' "$log" || true)
+    # Steps that make a layer: not FROM, nor an ARG before it (neither can come from the cache).
+    steps=$(awk '/^Step [0-9]+\/[0-9]+ : / {if ($4 == "FROM") {from = 1; next}
+                 if (from || $4 != "ARG") n++} /^#[0-9]+ \[/ {n++} END {print n + 0}' "$log")
     cached=$(grep -cE 'Using cache|CACHED' "$log" || true)
     size=$(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.2f GB", $1 / 1e9}')
     SUMMARY+=("$image $size built in $((SECONDS - start))s, $cached of $steps steps cached, base $BASE")
