@@ -1,6 +1,7 @@
 """docker-compose.yml: validated by Debian's docker-compose (`config` needs no engine; it rejects
 unknown keys and bad interpolation), then checked for the services, health checks, ports and
-mounts a user needs, and for commands that the project's own CLIs accept."""
+mounts a user needs, and for commands that the project's own CLIs accept. With
+TANDEM_COMPOSE_CHECK=1 and a Docker engine, scripts/compose-check.sh builds and runs the stack."""
 from __future__ import annotations
 
 import os
