@@ -100,7 +100,6 @@ fi
 compose() { "${COMPOSE[@]}" -p "$PROJECT" -f "$ROOT/docker-compose.yml" "$@"; }
 SUMMARY+=("${COMPOSE[*]} $("${COMPOSE[@]}" version --short 2>/dev/null || echo '?')")
 
-
 # ensure_venv: PY, the venv's python (scripts/bootstrap.sh makes .venv when it is missing).
 ensure_venv() {
     if [[ ! -x $VENV/bin/tandem-cloud || ! -f tandem/v1/decoding_pb2.py ]]; then
