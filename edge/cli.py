@@ -51,7 +51,9 @@ def _add_generate(commands) -> None:
     generate.add_argument("--top-k", type=int, help="0 = off")
     generate.add_argument("--top-p", type=float, help="1 = off")
     generate.add_argument("--seed", type=int, help="sampling seed")
-    generate.add_argument("--draft-length", type=int, help="override client.draft_length")
+    generate.add_argument("--draft-length", type=int,
+                          help="draft K tokens every round of this generation (fixed k, whatever "
+                               "client.policy says; 0 = the verifier generates)")
     generate.add_argument("--ignore-eos", action="store_true",
                           help="do not stop at the tokenizer's eos")
     generate.add_argument("--json", action="store_true", help="print one JSON object")
@@ -84,7 +86,6 @@ def load_edge_config(args: argparse.Namespace) -> EdgeConfig:
                        "model_path": str(args.draft_model) if args.draft_model else None,
                        "tokenizer_dir": str(args.tokenizer_dir) if args.tokenizer_dir
                        else None},
-             "client": {"draft_length": getattr(args, "draft_length", None)},
              "daemon": {"host": getattr(args, "host", None), "port": getattr(args, "port", None),
                         "log_level": getattr(args, "log_level", None)}}
     overrides = merge(parse_set_options(getattr(args, "set", None)), _drop_none(flags))
@@ -165,6 +166,9 @@ def _generate(args: argparse.Namespace) -> int:
                             monitor=monitor)
         result = client.generate(GenerationRequest(
             prompt_ids=prompt_ids, max_tokens=args.max_tokens, sampling=sampling,
+            # The request's own k, as the HTTP field `draft_length`: client.draft_length would
+            # be ignored by any policy but `fixed` (the shipped one is adaptive).
+            draft_length=args.draft_length,
             stop_ids=frozenset() if args.ignore_eos else tokenizer.stop_ids))
     except (ClientError, ValueError) as exc:
         print(f"tandem-edge: {exc}", file=sys.stderr)

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+import yaml
 from verifier_harness import channel_to, client_for, open_draft, start_verifier
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime)
@@ -82,6 +83,31 @@ def test_generate_human_output_and_a_refused_key(tmp_path, keyed_verifier, draft
                  "--max-tokens", "8", "--api-key", "wrong"])
     assert code == 1
     assert "PERMISSION_DENIED" in capsys.readouterr().err
+
+
+def test_draft_length_flag_runs_that_fixed_k_under_the_shipped_adaptive_policy(
+        tmp_path, keyed_verifier, heldout_prompts, draft_dir, gguf_path, capsys):
+    shipped_policy = yaml.safe_load((ROOT / "configs/edge.yaml").read_text())["client"]["policy"]
+    config = write_config(tmp_path, draft_dir, gguf_path, keyed_verifier)
+    config.write_text(config.read_text() + f"  policy: {shipped_policy}\n")
+
+    def generate(*flags: str) -> dict:
+        code = main(["generate", "--config", str(config), "--prompt", heldout_prompts[163],
+                     "--max-tokens", "48", "--api-key", KEY, "--ignore-eos", "--json", *flags])
+        out = capsys.readouterr()
+        assert code == 0, out.err
+        return json.loads(out.out)
+
+    fixed, adaptive = generate("--draft-length", "8"), generate()
+    # Every round asks for 8, but those near the end: one less than the tokens still to come
+    # (the verdict adds one of its own).
+    committed = 0
+    for record in fixed["rounds_log"]:
+        assert record["mode"] == "verify" and record["k_asked"] == min(8, 48 - committed - 1)
+        committed += record["committed"]
+    assert len(fixed["token_ids"]) == 48 and all(fixed["verified"])
+    assert fixed["target_passes"] < adaptive["target_passes"], (fixed["target_passes"],
+                                                                adaptive["target_passes"])
 
 
 def test_missing_api_key_is_refused_not_taken_offline(keyed_verifier, prompt_ids, draft_dir,
