@@ -1,7 +1,8 @@
 """Fast mode as a user gets it, held to a stated agreement (issue 30):
 
     python -m bench.fast_mode [--min-agreements 0.9 0.95 0.97] [--sources code prose]
-                              [--prompts 16] [--max-tokens 64] [--split eval] [--json PATH]
+                              [--prompts 16] [--max-tokens 64] [--split eval] [--fixed-cut]
+                              [--json PATH]
 
 The shipped configs/edge.yaml (whatever its client.policy) in an edge daemon on loopback, in
 front of a verifier with the shipped configs/cloud.yaml; held-out prompts of each source
@@ -42,25 +43,26 @@ CONTEXT_TOKENS = 400  # the prompt's last tokens sent
 
 @dataclass
 class Point:
-    min_agreement: float
+    min_agreement: float | None  # None: no stated agreement (--fixed-cut)
     source: str
     prompts: int
     tokens: int
     verified_share: float
     agreement: float            # teacher-forced
-    predicted: float            # the responses' expected agreement, token-weighted
+    predicted: float | None     # the responses' expected agreement, token-weighted
     checked: int                # confident draft tokens the target checked
     checked_agreement: float | None
 
 
 def run_point(http: httpx.Client, url: str, model: str, target, prompts: list[list[int]],
-              min_agreement: float, max_tokens: int, max_run: int | None) -> dict:
+              min_agreement: float | None, max_tokens: int, max_run: int | None) -> dict:
     verified = emitted = agree = checked = checked_agreed = 0
     predicted = 0.0
     for ids in prompts:
         body = {"model": model, "prompt": ids, "temperature": 0, "max_tokens": max_tokens,
-                "ignore_eos": True, "mode": "fast", "min_agreement": min_agreement,
-                "return_token_ids": True}
+                "ignore_eos": True, "mode": "fast", "return_token_ids": True}
+        if min_agreement is not None:
+            body["min_agreement"] = min_agreement
         if max_run is not None:
             body["max_unverified_run"] = max_run
         reply = http.post(url + "/v1/completions", json=body).json()
@@ -68,7 +70,8 @@ def run_point(http: httpx.Client, url: str, model: str, target, prompts: list[li
         n = stats["verified_tokens"] + stats["unverified_tokens"]
         verified += stats["verified_tokens"]
         emitted += n
-        agreement = stats["agreement"]
+        agreement = stats["agreement"] or {"expected_agreement": 0.0, "checked_tokens": 0,
+                                           "measured_agreement": None}
         predicted += agreement["expected_agreement"] * n
         checked += agreement["checked_tokens"]
         checked_agreed += round((agreement["measured_agreement"] or 0.0)
@@ -77,14 +80,15 @@ def run_point(http: httpx.Client, url: str, model: str, target, prompts: list[li
             greedy = target(torch.tensor([ids + out])).logits[0].argmax(-1).tolist()
         agree += sum(t == greedy[len(ids) + i - 1] for i, t in enumerate(out))
     return {"tokens": emitted, "verified_share": verified / emitted, "agreement": agree / emitted,
-            "predicted": predicted / emitted, "checked": checked,
+            "predicted": predicted / emitted if min_agreement is not None else None,
+            "checked": checked,
             "checked_agreement": checked_agreed / checked if checked else None}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fast_mode", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--min-agreements", type=float, nargs="+", default=[0.95])
+    parser.add_argument("--min-agreements", type=float, nargs="*", default=[0.95])
     parser.add_argument("--sources", nargs="+", default=list(SOURCES), choices=list(SOURCES))
     parser.add_argument("--split", default="eval", choices=SPLITS,
                         help="eval: files the calibration prior was not fitted on")
@@ -93,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-unverified-run", type=int, default=None,
                         help="the requests' bound; default: client.max_unverified_run")
     parser.add_argument("--edge-config", type=Path, default=Path("configs/edge.yaml"))
+    parser.add_argument("--fixed-cut", action="store_true", help=(
+        "one more point per source without a stated agreement (client.fast.min_agreement "
+        "null): the entropy switch's fixed cut, what fast mode was before min_agreement"))
     parser.add_argument("--json", type=Path, help="write the points here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -102,16 +109,21 @@ def main(argv: list[str] | None = None) -> int:
                                                   dtype=torch.float32).eval()
     server, port = create_server(cloud)
     server.start()
-    edge = resolve_paths(load_config(resolve_path(args.edge_config), EdgeConfig, {
-        "cloud": {"address": f"127.0.0.1:{port}"},
-        "daemon": {"host": "127.0.0.1", "port": 0, "pool_size": 1}}))
+    overrides = {"cloud": {"address": f"127.0.0.1:{port}"},
+                 "daemon": {"host": "127.0.0.1", "port": 0, "pool_size": 1}}
+    edge = resolve_paths(load_config(resolve_path(args.edge_config), EdgeConfig, overrides))
+    # (load_config drops None overrides as "not given": null the field on the loaded config)
+    client = edge.client.model_copy(update={
+        "fast": edge.client.fast.model_copy(update={"min_agreement": None})})
+    fixed = edge.model_copy(update={"client": client})
     texts = {s: load_source(resolve_path(SOURCES[s]), args.split, args.prompts or None)
              for s in args.sources}
     points: list[Point] = []
     try:
         with httpx.Client(timeout=120) as http:
-            for a in args.min_agreements:
-                with DaemonThread(load_engine(edge)) as daemon:  # a fresh calibration
+            for a in args.min_agreements + ([None] if args.fixed_cut else []):
+                # a fresh daemon: its calibration starts from the prior
+                with DaemonThread(load_engine(edge if a is not None else fixed)) as daemon:
                     for source, prompts in texts.items():
                         ids = [http.post(daemon.url + "/tokenize", json={"prompt": t}).json()
                                ["tokens"][-CONTEXT_TOKENS:] for t in prompts]
@@ -131,10 +143,12 @@ def main(argv: list[str] | None = None) -> int:
 def row(p: Point) -> str:
     checked = (f"{p.checked_agreement:.1%} of {p.checked}" if p.checked_agreement is not None
                else "none")
-    return (f"min_agreement {p.min_agreement:.2f} {p.source:5} ({p.prompts} prompts, "
-            f"{p.tokens} tokens): verified {p.verified_share:.1%}, teacher-forced agreement "
-            f"{p.agreement:.1%}, predicted {p.predicted:.1%}, confident tokens checked: "
-            f"{checked} agreed")
+    stated = f"min_agreement {p.min_agreement:.2f}" if p.min_agreement is not None \
+        else "fixed cut (no min_agreement)"
+    predicted = f"{p.predicted:.1%}" if p.predicted is not None else "n/a"
+    return (f"{stated} {p.source:5} ({p.prompts} prompts, {p.tokens} tokens): verified "
+            f"{p.verified_share:.1%}, teacher-forced agreement {p.agreement:.1%}, predicted "
+            f"{predicted}, confident tokens checked: {checked} agreed")
 
 
 if __name__ == "__main__":

