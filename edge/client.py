@@ -31,7 +31,7 @@ from edge.generation import Generation
 from edge.link import VerifierLink, check_verdict
 from edge.link.monitor import LinkMonitor
 from edge.link.offline import OfflineControl, OfflineMode
-from edge.link.stream import (ClientError, CloudUnavailable, ProtocolError,
+from edge.link.errors import (ClientError, CloudUnavailable, ProtocolError,
                               VerifierMisconfigured, VerifierRefused, VerifierUnavailable)
 from edge.rounds import GenerationResult, RoundRecord
 from edge.runtime.base import DraftRuntime

@@ -27,7 +27,8 @@ from edge.control.policy import DraftPolicy
 from edge.drafting import DraftCursor, TokenChooser
 from edge.fast_calibration import FastCalibration
 from edge.fast_mode import FastModeGate
-from edge.link import Stopped, VerifierLink
+from edge.link import VerifierLink
+from edge.link.errors import Stopped
 from edge.link.offline import OfflineControl
 from edge.link.reconnect import Reconnect
 from edge.rounds import GenerationResult

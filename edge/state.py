@@ -15,7 +15,7 @@ from edge.caps import Caps
 from edge.control.policy import DraftPolicy, RoundView
 from edge.drafting import Block
 from edge.fast_mode import FastModeGate
-from edge.link import Stopped
+from edge.link.errors import Stopped
 from edge.rounds import GenerationResult, RoundRecord
 from tandem.v1 import decoding_pb2 as pb
 

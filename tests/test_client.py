@@ -14,7 +14,7 @@ from edge.control.policy import Plan
 from edge.drafting import Block, DraftCursor, TokenChooser, draft_seed
 from edge.fast_mode import FastModeGate
 from edge.runtime import DraftConfig, load_draft_runtime
-from edge.link.stream import ProtocolError
+from edge.link.errors import ProtocolError
 from tandem import metrics
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb

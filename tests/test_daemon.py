@@ -297,6 +297,33 @@ def test_unreachable_verifier_gives_unverified_tokens_and_link_down(gguf_path, d
         assert _metric(text, 'tandem_edge_generated_tokens_total{model="tandem-draft",verified="false"}') == 8
 
 
+def test_require_verified_with_the_verifier_away_is_a_503(target_runtime, gguf_path, draft_dir,
+                                                         prompts):
+    server, port = start_verifier(target_runtime)
+    config = edge_config(port, gguf_path, draft_dir)
+    config = config.model_copy(update={
+        "client": ClientConfig(draft_length=4, offline_after_s=0.2, retry_initial_backoff_s=0.05),
+        "daemon": config.daemon.model_copy(update={"pool_size": 1})})
+    body = {"model": MODEL, "prompt": prompts[1], "max_tokens": 8, "temperature": 0,
+            "offline": "require_verified"}
+    try:
+        with DaemonThread(load_engine(config)) as running:
+            served = httpx.post(running.url + "/v1/completions", json=body, timeout=60)
+            assert served.status_code == 200 and served.json()["tandem"]["verified_fraction"] == 1.0
+            server.stop(0).wait()  # the verifier goes away; the daemon stays up
+            server = None
+            for _ in range(2):  # and answers the same way again: it kept serving
+                away = httpx.post(running.url + "/v1/completions", json=body, timeout=60)
+                assert away.status_code == 503, away.text
+                assert away.headers["Retry-After"]
+                error = away.json()["error"]
+                assert error["code"] == "verifier_unavailable"
+                assert "requires verified tokens" in error["message"]
+    finally:
+        if server is not None:
+            server.stop(0).wait()
+
+
 def test_a_verifier_that_refuses_the_session_is_a_502(target_runtime, gguf_path, draft_dir, prompts):
     server, port = start_verifier(target_runtime, api_keys=("the-right-key",))
     config = edge_config(port, gguf_path, draft_dir)

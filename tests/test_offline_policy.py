@@ -138,7 +138,7 @@ class _SilentStream:
     abandoned = False
 
     def recv(self, timeout_s: float, cancel_on_timeout: bool = True):
-        from edge.link.stream import RecvTimeout
+        from edge.link.errors import RecvTimeout
         raise RecvTimeout()
 
     def abandon(self) -> None:
@@ -160,7 +160,7 @@ def _silent_probe(_timeout_s: float):
 def test_a_late_reply_is_waited_for_while_probes_are_answered():
     """Slow is not down: with every probe answered the wait ends only at the cap, however
     long past late_s and stall_s it runs."""
-    from edge.link.stream import LinkDown
+    from edge.link.errors import LinkDown
     from edge.link.wait import WaitRule
     rule, stream = WaitRule(stall_s=0.2, cap_s=0.6, probe_every_s=0.02), _SilentStream()
     with pytest.raises(LinkDown, match="although the verifier answers probes"):
@@ -169,7 +169,7 @@ def test_a_late_reply_is_waited_for_while_probes_are_answered():
 
 
 def test_silence_on_the_stream_and_to_probes_is_down():
-    from edge.link.stream import LinkDown
+    from edge.link.errors import LinkDown
     from edge.link.wait import WaitRule
     rule = WaitRule(stall_s=0.2, cap_s=30.0, probe_every_s=0.02)
     with pytest.raises(LinkDown, match="on the stream or to a probe, for 0.2 s"):
@@ -179,7 +179,7 @@ def test_silence_on_the_stream_and_to_probes_is_down():
 def test_a_link_slower_than_the_stall_bound_gets_its_own_pace():
     """late_s past stall_s (a far link's measured pace): silence counts as down only after
     late_s, and probing starts at half of it."""
-    from edge.link.stream import LinkDown
+    from edge.link.errors import LinkDown
     from edge.link.wait import WaitRule
     asked: list[float] = []
 
@@ -220,7 +220,7 @@ def _client_config(**fields):
 def test_a_silent_link_is_reported_down_without_probing_it_again():
     """The WaitRule probed throughout the silence; a reset is checked with one probe."""
     from edge.link.offline import OfflineControl
-    from edge.link.stream import LinkDown, LinkSilent
+    from edge.link.errors import LinkDown, LinkSilent
     monitor = _UpMonitor()
     control = OfflineControl(_client_config(), monitor)
     control.failure(LinkSilent("no answer for 3 s"))
@@ -236,7 +236,7 @@ def test_failed_opens_spend_the_wait_budget():
 
     from edge.link.offline import OfflineControl
     from edge.link.reconnect import Reconnect
-    from edge.link.stream import LinkDown
+    from edge.link.errors import LinkDown
 
     class _RefusingLink:
         opens = 0

@@ -28,14 +28,13 @@ from typing import Literal
 import grpc
 
 from edge.client import (CloudUnavailable, EdgeClient, GenerationRequest, GenerationResult,
-                         RoundRecord,
-                         ProtocolError, VerifierRefused)
+                         ProtocolError, RoundRecord, VerifierRefused, VerifierUnavailable)
 from edge.config import ClientConfig, DaemonConfig
 from edge.daemon.chat_template import ChatTemplate, TemplateError, plain_chat_prompt
 from edge.daemon.detokenizer import make_detokenizer
 from edge.daemon.errors import (ApiError, ContextLengthExceeded, GenerationFailed,
                                 GenerationTimeout, InvalidRequest, ModelNotFound, Overloaded,
-                                VerifierError, VerifierUnavailable)
+                                ServiceUnavailable, VerifierError)
 from edge.daemon.metrics import DaemonMetrics
 from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, CompletionRequest,
                                        ModelCard, ModelList, RoundTrace, TandemStats)
@@ -340,8 +339,10 @@ class Engine:
             result = client.generate(request, on_tokens, on_round=rounds.append, stop_event=halt)
         except VerifierRefused as exc:
             raise VerifierError(str(exc), code="verifier_refused") from exc
-        except CloudUnavailable as exc:
-            raise VerifierUnavailable(str(exc)) from exc
+        except (CloudUnavailable, VerifierUnavailable) as exc:
+            # The verifier is away and the request cannot be served without it: 503, so a
+            # client retries later (Retry-After), not 500 as for a failed generation.
+            raise ServiceUnavailable(str(exc)) from exc
         except ProtocolError as exc:
             raise VerifierError(f"protocol error: {exc}", code="protocol_error") from exc
         if emitted.halted == "timeout":

@@ -96,8 +96,11 @@ class VerifierError(ApiError):
     code = "verifier_error"
 
 
-class VerifierUnavailable(ApiError):
-    """The verifier stayed unreachable and local generation is disabled (client config)."""
+class ServiceUnavailable(ApiError):
+    """The request cannot be served without the verifier, and the verifier is away: local
+    generation is disabled (client config), or the request requires verified tokens
+    (offline "require_verified", or "wait" past its bound). The client's CloudUnavailable and
+    VerifierUnavailable (edge/link/errors.py) answer this."""
     status = 503
     type = "server_error"
     code = "verifier_unavailable"

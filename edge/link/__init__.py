@@ -1,8 +1,9 @@
 """The link to the verifier: everything between the round loop and the wire.
 
   channel.py    the gRPC channel and its call metadata (API key, TLS, keepalive)
-  stream.py     one Session call as send / receive-with-deadline; the client's error classes
-  errors.py     what a failed call means: outage, overloaded, or misconfigured
+  stream.py     one Session call as send / receive-with-deadline
+  errors.py     what a failed call means (outage, overloaded, misconfigured) and every error
+                class of the client
   verifier.py   VerifierLink: one generation's session (open, send, await, byte counts)
   wait.py       the WaitRule of every wait on the verifier (late is not down)
   offline.py    the offline policy: deadlines, circuit breaker, the request's offline mode
@@ -11,8 +12,9 @@
   monitor.py    the background link monitor (is the verifier there?)
 """
 from edge.link.channel import api_key, call_metadata, channel_options, make_channel
-from edge.link.verifier import Evicted, Sent, VerifierLink, check_verdict
-from edge.link.wait import STOP_POLL_S, Stopped, WaitRule
+from edge.link.errors import Evicted, Stopped
+from edge.link.verifier import Sent, VerifierLink, check_verdict
+from edge.link.wait import STOP_POLL_S, WaitRule
 
 __all__ = ["STOP_POLL_S", "Evicted", "Sent", "Stopped", "VerifierLink", "WaitRule", "api_key",
            "call_metadata", "channel_options", "check_verdict", "make_channel"]

@@ -13,6 +13,13 @@ configuration / identity error. The three need different answers:
 gRPC reports a TLS mismatch as UNAVAILABLE, like an outage; the details name the handshake, so
 they are read here. A plaintext client talking to a TLS server only sees the connection closed:
 `probe_tls` then tells the two apart by what the server answers on a raw TCP connection.
+
+Every error class of the client lives here, once:
+  raised to the caller   ClientError and its kinds: VerifierRefused (VerifierMisconfigured),
+                         VerifierUnavailable, ProtocolError, CloudUnavailable
+  inside the round loop  LinkDown (LinkSilent, VerifierOverloaded): reconnect / go local;
+                         Evicted: re-open; Stopped: the caller stopped the generation;
+                         RecvTimeout: a receive found nothing yet, the call goes on
 """
 from __future__ import annotations
 
@@ -122,6 +129,73 @@ def probe_tls(address: str, timeout_s: float = 1.0) -> bool | None:
             return not first or first[0] == 0x15
     except (OSError, ValueError):
         return None
+
+
+class ClientError(RuntimeError):
+    """Base class of what the edge client raises to its caller."""
+
+
+class VerifierRefused(ClientError):
+    """The verifier answered a non-retryable status (bad fingerprint, bad key, bad request)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"verifier refused: {code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class VerifierMisconfigured(VerifierRefused):
+    """A configuration or identity error (TLS, API key, tokenizer, model, target identity):
+    retrying cannot help, and generating unverified would hide it. The message names the
+    cause (edge/link/errors.py)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION
+                 ) -> None:
+        ClientError.__init__(self, message)
+        self.code = code
+        self.details = message
+
+
+class VerifierUnavailable(ClientError):
+    """The request wanted only verified tokens (offline "require_verified", or "wait" past its
+    bound) and the verifier is not there; the message says why."""
+
+
+class ProtocolError(ClientError):
+    """The verifier sent something the protocol does not allow here."""
+
+
+class CloudUnavailable(ClientError):
+    """The verifier stayed unreachable and local generation is disabled."""
+
+
+class LinkDown(Exception):
+    """The stream broke or timed out; the client reconnects (internal, never escapes)."""
+
+
+class LinkSilent(LinkDown):
+    """Nothing came from the verifier, on the stream or to the probes the wait sent, for the
+    stall bound (edge/link/wait.py WaitRule): the link is down, already probed."""
+
+
+class VerifierOverloaded(LinkDown):
+    """RESOURCE_EXHAUSTED: the verifier is there but full; back off for retry_after_s."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RecvTimeout(Exception):
+    """recv(cancel_on_timeout=False) found nothing within its timeout; the call goes on."""
+
+
+class Evicted(Exception):
+    """The verifier dropped this session's state during the round (overload)."""
+
+
+class Stopped(Exception):
+    """The caller stopped the generation (stop event) while the link was waiting."""
 
 
 class IdentityMismatch(Exception):

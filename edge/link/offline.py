@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from edge.link.stream import LinkSilent
+from edge.link.errors import LinkSilent
 from edge.link.wait import WaitRule
 
 Clock = Callable[[], float]

@@ -10,11 +10,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from edge.config import ClientConfig
-from edge.link.offline import OfflineControl, OfflineMode
-from edge.link.stream import (CloudUnavailable, LinkDown, VerifierMisconfigured,
+from edge.link.errors import (CloudUnavailable, LinkDown, Stopped, VerifierMisconfigured,
                               VerifierUnavailable)
+from edge.link.offline import OfflineControl, OfflineMode
 from edge.link.verifier import VerifierLink
-from edge.link.wait import Stopped
 
 
 class Reconnect:

@@ -1,4 +1,4 @@
-"""One `Decoding.Session` call as send / receive-with-deadline, and the client's errors.
+"""One `Decoding.Session` call as send / receive-with-deadline.
 
 grpc's streaming response iterator has no per-message timeout, so a reader thread drains it
 into a queue and `recv` waits on the queue: a verdict that does not come in time cancels the
@@ -12,7 +12,8 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
-from edge.link.errors import FailureKind, classify_rpc_error
+from edge.link.errors import (FailureKind, LinkDown, RecvTimeout, VerifierMisconfigured,
+                              VerifierOverloaded, classify_rpc_error)
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
@@ -27,65 +28,6 @@ RETRYABLE_CODES = frozenset({
     grpc.StatusCode.CANCELLED,           # a server that stops cancels its streams
     grpc.StatusCode.RESOURCE_EXHAUSTED,  # too many sessions right now
 })
-
-
-class ClientError(RuntimeError):
-    """Base class of what the edge client raises to its caller."""
-
-
-class VerifierRefused(ClientError):
-    """The verifier answered a non-retryable status (bad fingerprint, bad key, bad request)."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"verifier refused: {code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
-class VerifierMisconfigured(VerifierRefused):
-    """A configuration or identity error (TLS, API key, tokenizer, model, target identity):
-    retrying cannot help, and generating unverified would hide it. The message names the
-    cause (edge/link/errors.py)."""
-
-    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION
-                 ) -> None:
-        ClientError.__init__(self, message)
-        self.code = code
-        self.details = message
-
-
-class VerifierUnavailable(ClientError):
-    """The request wanted only verified tokens (offline "require_verified", or "wait" past its
-    bound) and the verifier is not there; the message says why."""
-
-
-class ProtocolError(ClientError):
-    """The verifier sent something the protocol does not allow here."""
-
-
-class CloudUnavailable(ClientError):
-    """The verifier stayed unreachable and local generation is disabled."""
-
-
-class LinkDown(Exception):
-    """The stream broke or timed out; the client reconnects (internal, never escapes)."""
-
-
-class LinkSilent(LinkDown):
-    """Nothing came from the verifier, on the stream or to the probes the wait sent, for the
-    stall bound (edge/link/wait.py WaitRule): the link is down, already probed."""
-
-
-class VerifierOverloaded(LinkDown):
-    """RESOURCE_EXHAUSTED: the verifier is there but full; back off for retry_after_s."""
-
-    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class RecvTimeout(Exception):
-    """recv(cancel_on_timeout=False) found nothing within its timeout; the call goes on."""
 
 
 _END = object()  # ends the request stream

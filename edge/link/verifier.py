@@ -3,7 +3,8 @@ waiting, await its verdict, byte counting, error classes); every wait goes by th
 (edge/link/wait.py). The messages it builds and checks are plain functions below the class.
 
 Error classes the round loop tells apart:
-  LinkDown (edge.link.stream)     outage: the stream broke or timed out -> reconnect / offline
+  (all in edge/link/errors.py)
+  LinkDown                        outage: the stream broke or timed out -> reconnect / offline
   Evicted                         overload: the server dropped our state -> re-open
   VerifierRefused                 configuration / identity (bad key, fingerprint, request):
                                   retrying cannot help -> raised to the caller
@@ -22,8 +23,9 @@ import grpc
 
 from edge.caps import verifier_vocab
 from edge.link.channel import SESSION_HEADER
-from edge.link.errors import IdentityMismatch, check_identity
-from edge.link.stream import LinkDown, ProtocolError, SessionStream, VerifierMisconfigured
+from edge.link.errors import (Evicted, IdentityMismatch, LinkDown, ProtocolError,
+                              VerifierMisconfigured, check_identity)
+from edge.link.stream import SessionStream
 from edge.link.wait import WaitRule
 from tandem.codec import InvalidDistribution, to_proto
 from tandem.qcodec import QCodec
@@ -36,10 +38,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-
-
-class Evicted(Exception):
-    """The verifier dropped this session's state during the round (overload)."""
 
 
 @dataclass

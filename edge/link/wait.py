@@ -9,12 +9,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from edge.link.stream import LinkDown, LinkSilent, RecvTimeout, SessionStream
+from edge.link.errors import LinkDown, LinkSilent, RecvTimeout, Stopped
+from edge.link.stream import SessionStream
 from tandem.v1 import decoding_pb2 as pb
-
-
-class Stopped(Exception):
-    """The caller stopped the generation (stop event) while the link was waiting."""
 
 
 # A stop event is checked this often while waiting on the verifier: the wait ends within this

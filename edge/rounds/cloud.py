@@ -6,8 +6,7 @@ from __future__ import annotations
 import time
 
 from edge.drafting import Block
-from edge.link import Evicted
-from edge.link.stream import LinkDown
+from edge.link.errors import Evicted, LinkDown
 from edge.rounds.context import RoundContext
 from edge.rounds.record import block_record
 

@@ -12,7 +12,7 @@ import grpc
 
 from edge.control.policy import Plan
 from edge.drafting import Block
-from edge.link.stream import LinkDown, VerifierRefused
+from edge.link.errors import LinkDown, VerifierRefused
 from edge.rounds.context import RoundContext
 from edge.rounds.record import block_record
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 
 from edge.control.policy import Plan
 from edge.drafting import Block
-from edge.link import Evicted, Sent, Stopped
-from edge.link.stream import LinkDown, ProtocolError
+from edge.link import Sent
+from edge.link.errors import Evicted, LinkDown, ProtocolError, Stopped
 from edge.rounds.context import RoundContext
 from edge.rounds.record import RoundRecord, block_record
 from edge.rounds.sequential import SequentialRound

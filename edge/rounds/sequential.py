@@ -11,8 +11,7 @@ import time
 
 from edge.control.policy import Plan
 from edge.drafting import Block
-from edge.link import Evicted, Stopped
-from edge.link.stream import LinkDown
+from edge.link.errors import Evicted, LinkDown, Stopped
 from edge.rounds.context import RoundContext
 from edge.rounds.record import block_record
 
