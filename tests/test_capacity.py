@@ -163,3 +163,23 @@ def test_capacity_smoke_serves_vllm_alone_through_the_same_links(tmp_path):
     assert row["config"] == "vllm-alone" and row["requests"] >= 1 and row["errors"] == 0
     assert row["agreement"] == 1.0 and row["passes_per_token"] == 1.0
     assert row["verifier_cpu_s_per_token"] is not None and row["ttft_p90_s"] is not None
+
+
+def test_compare_reads_two_sample_files_and_says_where_intervals_overlap(tmp_path):
+    from bench.capacity.compare import compare, read
+
+    def write(path, walls):
+        rows = [{"channel": "lte", "device": "phone", "config": "adaptive", "users": 1, "user": 0,
+                 "prompt": i, "started": 0.0, "wall_s": w, "ttft_s": 0.1, "tokens": 10,
+                 "verified_tokens": 10, "target_passes": 4, "reopens": 0, "agrees": True,
+                 "error": None, "finished": True} for i, w in enumerate(walls)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return read(path)
+
+    same = write(tmp_path / "a.jsonl", [1.0, 1.1, 0.9, 1.0])
+    close = write(tmp_path / "b.jsonl", [1.05, 0.95, 1.0, 1.1])
+    far = write(tmp_path / "c.jsonl", [3.0, 3.1, 2.9, 3.0])
+    _, compared, overlapping = compare(same, close, ("a", "b"))
+    assert compared == 4 and overlapping == 4          # TTFT, TPOT, tok/s, passes/tok
+    table, compared, overlapping = compare(same, far, ("a", "c"))
+    assert overlapping == 2 and "NO" in table          # TTFT and passes/tok equal; speed not

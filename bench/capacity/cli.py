@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from bench.capacity.sweep import CONFIGS, CapacityOptions
@@ -44,6 +45,11 @@ def add_parser(sub) -> None:
                         "configuration stops at its first miss of the SLO")
     p.add_argument("--no-refine", action="store_true",
                    help="no midpoint between a configuration's last pass and first miss")
+    p.add_argument("--every-count", action="store_true",
+                   help="measure every --users count, past a configuration's misses too")
+    p.add_argument("--samples", type=Path, default=None, metavar="PATH.jsonl",
+                   help="also write every measured request here (python -m bench.capacity.compare "
+                        "reads two such files)")
     p.add_argument("--slo-ttft-s", type=float, default=defaults.slo_ttft_s)
     p.add_argument("--slo-tpot-s", type=float, default=defaults.slo_tpot_s)
     p.add_argument("--also-tpot-s", type=_csv(float), default=defaults.extra_tpot_slos,
@@ -81,6 +87,7 @@ def options_of(args: argparse.Namespace) -> CapacityOptions:
     if args.verifiers < 1 or not args.server_core:
         raise argparse.ArgumentTypeError("--verifiers needs >= 1 and --server-core a core")
     return replace(CapacityOptions(), configs=args.configs, users=args.users, refine=not args.no_refine,
+                   every_count=args.every_count,
                    slo_ttft_s=args.slo_ttft_s, slo_tpot_s=args.slo_tpot_s,
                    extra_tpot_slos=tuple(t for t in args.also_tpot_s if t != args.slo_tpot_s),
                    warmup_s=args.warmup_s, window_s=args.window_s, drain_s=args.drain_s,
@@ -121,17 +128,32 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_progress:
             print(f"[capacity {time.monotonic() - started:6.0f} s] {text}", file=sys.stderr, flush=True)
 
-    def on_row(row) -> None:
+    samples_file = None
+    if args.samples is not None:
+        args.samples.parent.mkdir(parents=True, exist_ok=True)
+        samples_file = args.samples.open("w")
+
+    def on_row(row, samples) -> None:
+        if samples_file is not None:
+            for sample in samples:
+                samples_file.write(json.dumps({"channel": row.channel, "device": row.device,
+                                               "config": row.config, "users": row.users,
+                                               **asdict(sample)}) + "\n")
+            samples_file.flush()
         progress(f"  {row.channel}/{row.device} {row.config} N={row.users}: good {row.good_share:.2f}, "
                  f"TPOT p90 {1000 * (row.tpot_p90_s or 0):.0f} ms, user p10 "
                  f"{row.user_tokens_per_s_p10 or 0:.1f} tok/s, errors {row.errors}")
 
     rows = []
     misses = 0
-    for profile, device in pairs:
-        result = run_capacity(options, bench, [profile], [device], plots_dir / "logs", progress, on_row)
-        rows += result.rows
-        misses += result.replay_misses
+    try:
+        for profile, device in pairs:
+            result = run_capacity(options, bench, [profile], [device], plots_dir / "logs", progress, on_row)
+            rows += result.rows
+            misses += result.replay_misses
+    finally:
+        if samples_file is not None:
+            samples_file.close()
     slos = (options.slo_tpot_s, *options.extra_tpot_slos)
     caps = capacities(rows, slos)
     print(rows_table(rows))

@@ -57,6 +57,7 @@ class CapacityOptions:
     configs: tuple[str, ...] = CONFIGS[:5]
     users: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     refine: bool = True            # one midpoint between the last pass and the first miss
+    every_count: bool = False      # measure every user count, past misses too (comparisons)
     slo_ttft_s: float = 1.0
     slo_tpot_s: float = 0.1
     extra_tpot_slos: tuple[float, ...] = (0.05,)
@@ -152,8 +153,9 @@ class _Counter:
 
 def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, profile: ChannelProfile,
               device: DeviceSpec, name: str, users: int, server: ServerGroup,
-              driver_cores: int) -> PointRow:
-    """N users for warm-up + window (+ drain) against `server`; one PointRow."""
+              driver_cores: int) -> tuple[PointRow, list[Sample]]:
+    """N users for warm-up + window (+ drain) against `server`: the point's row and the samples
+    it was computed from."""
     from edge.config import EdgeConfig
 
     t0 = time.monotonic()
@@ -208,7 +210,7 @@ def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, prof
     measured = [s for s in samples if window.measure_from <= s.started < window.measure_until]
     reading = _reading(readings, counter.value, options.window_s, driver_cores)
     return summarize(profile.name, device.name, name, users, measured, reading, options.slo_ttft_s,
-                     options.slo_tpot_s, options.extra_tpot_slos)
+                     options.slo_tpot_s, options.extra_tpot_slos), measured
 
 
 def cpu_seconds_self() -> float | None:
@@ -260,7 +262,7 @@ def user_counts(options: CapacityOptions) -> list[int]:
 
 def sweep_config(options: CapacityOptions, bench: BenchConfig, shared: Shared, profile: ChannelProfile,
                  device: DeviceSpec, name: str, log_dir: Path, driver_cores: int,
-                 on_row: Callable[[PointRow], None]) -> list[PointRow]:
+                 on_row: Callable[[PointRow, list[Sample]], None]) -> list[PointRow]:
     """One configuration's sweep in one cell, on a fresh server."""
     counts = user_counts(options)
     per_server = -(-max(counts) // options.verifiers)
@@ -280,15 +282,16 @@ def sweep_config(options: CapacityOptions, bench: BenchConfig, shared: Shared, p
     rows: list[PointRow] = []
     try:
         def measure(users: int) -> PointRow:
-            row = run_point(options, bench, shared, profile, device, name, users, server, driver_cores)
+            row, samples = run_point(options, bench, shared, profile, device, name, users, server,
+                                     driver_cores)
             rows.append(row)
-            on_row(row)
+            on_row(row, samples)
             return row
 
         last_pass = 0
         for users in counts:
             row = measure(users)
-            if row.good_share < GOOD_SHARE:
+            if row.good_share < GOOD_SHARE and not options.every_count:
                 middle = (last_pass + users) // 2
                 if options.refine and last_pass and last_pass < middle < users:
                     measure(middle)
@@ -301,7 +304,7 @@ def sweep_config(options: CapacityOptions, bench: BenchConfig, shared: Shared, p
 
 def run_capacity(options: CapacityOptions, bench: BenchConfig, channels: Sequence[ChannelProfile],
                  devices: Sequence[DeviceSpec], log_dir: Path, progress: Callable[[str], None],
-                 on_row: Callable[[PointRow], None]) -> CapacityRun:
+                 on_row: Callable[[PointRow, list[Sample]], None]) -> CapacityRun:
     import torch
 
     _, driver_cores = server_core_split(options.server_cores)
