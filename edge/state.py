@@ -16,6 +16,7 @@ from edge.control.policy import DraftPolicy, RoundView
 from edge.drafting import Block
 from edge.fast_mode import FastModeGate
 from edge.link.errors import Stopped
+from edge.link_state import LinkState
 from edge.rounds import GenerationResult, RoundRecord
 from tandem.v1 import decoding_pb2 as pb
 
@@ -71,7 +72,7 @@ class GenerationState:
         heard it)."""
         return RoundView(round=len(self.result.rounds_log), generated=self.generated,
                          remaining=self.remaining, max_k=max_k,
-                         link_state="offline" if self.local else "up",
+                         link_state=LinkState.DOWN if self.local else LinkState.UP,
                          sampling=not self.request.sampling.greedy,
                          history=self.result.rounds_log, context_length=len(self.context),
                          max_q_entries=caps.q_entries(), server_load=server_load,

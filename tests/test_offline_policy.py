@@ -6,8 +6,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from edge.link.offline import BreakerState, CircuitBreaker, OfflineSettings, RttEstimator
 from edge.link.errors import FailureKind, IdentityMismatch, check_identity, classify
+from edge.link.offline import BreakerState, CircuitBreaker, OfflineSettings, RttEstimator
+from edge.link_state import LinkState
 from tandem.v1 import decoding_pb2 as pb
 
 
@@ -195,11 +196,12 @@ def test_a_link_slower_than_the_stall_bound_gets_its_own_pace():
 # --- what a failure tells the monitor, and the wait budget -----------------------------------------
 class _UpMonitor:
     """A link monitor that always sees the verifier answer, and records what it is told."""
-    state, ever_up, timeout_s = "up", True, 0.1
+    state, ever_up, timeout_s = LinkState.UP, True, 0.1
 
     def __init__(self) -> None:
         self.probes, self.reports = 0, []
-        self.status = type("Status", (), {"checked_s": 0.0, "state": "up", "detail": ""})()
+        self.status = type("Status", (), {"checked_s": 0.0, "state": LinkState.UP,
+                                          "detail": ""})()
 
     def add_listener(self, listener):
         return lambda: None

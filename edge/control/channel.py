@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from edge.link_state import LinkState
 from edge.rounds import RoundRecord
 
 PRIOR_SECONDS_PER_BYTE = 1e-8   # 100 MB/s: bytes cost nothing until measured otherwise
@@ -139,13 +140,13 @@ class ChannelEstimator:
         return math.sqrt(self.rtt_var.value or 0.0)
 
     @property
-    def state(self) -> str:
-        """up | degraded (re-sends lately, or RTT jitter above its mean) | down (offline)."""
+    def state(self) -> LinkState:
+        """UP | DEGRADED (re-sends lately, or RTT jitter above its mean) | DOWN (offline)."""
         if self.offline:
-            return "down"
+            return LinkState.DOWN
         if self.consecutive_losses or (self.rtt.value and self.rtt_std_s > self.rtt.value):
-            return "degraded"
-        return "up"
+            return LinkState.DEGRADED
+        return LinkState.UP
 
     @property
     def measured(self) -> bool:

@@ -20,12 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from edge.link_state import LinkState
 from edge.rounds import RoundRecord
 
 if TYPE_CHECKING:
     from edge.config import ClientConfig
-
-LINK_STATES = ("up", "degraded", "down", "offline")
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class RoundView:
     generated: int                  # tokens committed so far
     remaining: int                  # tokens still allowed (max_tokens - generated), >= 1
     max_k: int                      # most tokens this round may draft (all caps applied)
-    link_state: str                 # LINK_STATES
+    link_state: LinkState           # DOWN while the generation goes on locally
     sampling: bool                  # False = greedy
     history: Sequence[RoundRecord]  # this generation's rounds so far (read-only)
     context_length: int = 0

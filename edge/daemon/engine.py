@@ -41,6 +41,7 @@ from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, Com
 from edge.daemon.stop import StopMatcher
 from edge.fast_calibration import FastCalibration
 from edge.link.monitor import LinkMonitor
+from edge.link_state import LinkState
 from edge.runtime.base import DraftRuntime
 from edge.tokenizer import EdgeTokenizer
 from tandem import metrics
@@ -59,7 +60,7 @@ class TextDelta:
     verifier link's state when the delta was released."""
     text: str
     verified: bool
-    link_state: str
+    link_state: LinkState
     tokens: int = 0     # completion tokens emitted so far (continuous usage stats)
 
 
@@ -148,7 +149,7 @@ class Engine:
         self.inflight = 0
         self.peak_inflight = 0
         self.waiting = 0
-        self.link_state = "up"
+        self.link_state = LinkState.UP
         self.link_detail = ""
         if monitor is not None:
             monitor.add_listener(self._on_link_status)
@@ -372,7 +373,7 @@ class Engine:
         self.link_detail = status.detail
         self._set_link_state(status.state, status.detail)
 
-    def _set_link_state(self, state: str, detail: str = "") -> None:
+    def _set_link_state(self, state: LinkState, detail: str = "") -> None:
         if state != self.link_state:
             log.warning("verifier link %s -> %s%s", self.link_state, state,
                         f": {detail}" if detail else "")
@@ -385,13 +386,12 @@ class Engine:
         re-sent, or local rounds before), else up. With a monitor, its probed state wins."""
         if self.monitor is not None:
             return
-        state = "down" if not verified else (
-            "degraded" if any(r.attempts > 1 or r.mode == "local" for r in rounds) else "up")
-        if state != self.link_state:
-            log.warning("verifier link %s -> %s%s", self.link_state, state,
-                        " (tokens are generated locally, unverified)" if state == "down" else "")
-            self.link_state = state
-            self.metrics.set_link_state(state)
+        if not verified:
+            self._set_link_state(LinkState.DOWN, "tokens are generated locally, unverified")
+        elif any(r.attempts > 1 or r.mode == "local" for r in rounds):
+            self._set_link_state(LinkState.DEGRADED)
+        else:
+            self._set_link_state(LinkState.UP)
 
     def _observe(self, stats: TandemStats, result: GenerationResult) -> None:
         answered = result.verified_rounds
@@ -411,7 +411,7 @@ class Engine:
             # Misconfigured (TLS, key, identity): every request would be refused, so not ok.
             # Starting: the verifier was never reached yet; a request would wait for it
             # (offline: wait), so an orchestrator should not route traffic here yet.
-            if self.link_state == "misconfigured":
+            if self.link_state is LinkState.MISCONFIGURED:
                 status = "misconfigured"
             elif self.monitor is not None and not self.monitor.ever_up:
                 status = "starting"

@@ -16,11 +16,10 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics, generate_latest)
 
 from edge.link.offline import UNVERIFIED_CAUSES
+from edge.link_state import LinkState
 
 disable_created_metrics()  # no `_created` series (they double every counter's cardinality)
 
-# "degraded" is learnt from requests; the others are edge/link/monitor.py's probed states.
-LINK_STATES = ("up", "degraded", "down", "overloaded", "misconfigured", "starting")
 MAX_POSITIONS = 64
 
 _LENGTH_BUCKETS = tuple(float(b) for b in (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32))
@@ -94,15 +93,15 @@ class DaemonMetrics:
             self._tokens.labels(model=model, verified=verified)
         for cause in UNVERIFIED_CAUSES:
             self._unverified.labels(model=model, cause=cause)
-        self.set_link_state("up")
+        self.set_link_state(LinkState.UP)
 
     def observe_request(self, endpoint: str, status: int, seconds: float | None) -> None:
         self._requests.labels(model=self.model, endpoint=endpoint, status=str(status)).inc()
         if seconds is not None:
             self._request_seconds.labels(model=self.model, endpoint=endpoint).observe(seconds)
 
-    def set_link_state(self, state: str) -> None:
-        for name in dict.fromkeys((*LINK_STATES, state)):
+    def set_link_state(self, state: LinkState) -> None:
+        for name in LinkState:
             self._link_state.labels(model=self.model, state=name).set(
                 1.0 if name == state else 0.0)
 

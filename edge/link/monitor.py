@@ -27,19 +27,20 @@ import grpc
 
 from edge.link.channel import call_metadata
 from edge.link.errors import FailureKind, IdentityMismatch, check_identity, classify_rpc_error
+from edge.link_state import LinkState
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
 STARTING, UP, DOWN, OVERLOADED, MISCONFIGURED = (
-    "starting", "up", "down", "overloaded", "misconfigured")
-LINK_STATES = (STARTING, UP, DOWN, OVERLOADED, MISCONFIGURED)
+    LinkState.STARTING, LinkState.UP, LinkState.DOWN, LinkState.OVERLOADED,
+    LinkState.MISCONFIGURED)  # the states a probe tells apart
 
 
 @dataclass(frozen=True)
 class LinkStatus:
-    state: str
+    state: LinkState
     detail: str = ""
     since_s: float = 0.0           # monotonic time the state began
     checked_s: float = 0.0         # monotonic time of the last probe
@@ -92,7 +93,7 @@ class LinkMonitor:
             return self._status
 
     @property
-    def state(self) -> str:
+    def state(self) -> LinkState:
         return self.status.state
 
     @property
@@ -111,10 +112,10 @@ class LinkMonitor:
                     self._listeners.remove(listener)
         return remove
 
-    def report(self, state: str, detail: str = "") -> None:
+    def report(self, state: LinkState, detail: str = "") -> None:
         """A generation learnt something first-hand (a round timed out, the verifier said it
         is full): take it as the state now and probe again soon."""
-        self._set(state, detail)
+        self._set(LinkState(state), detail)
         self._wake.set()
 
     def start(self) -> LinkMonitor:
@@ -166,7 +167,7 @@ class LinkMonitor:
         described = f"{target.name} ({target.digest[:19]})" if target is not None else ""
         return self._set(UP, "", checked=started, rtt=rtt, target=described)
 
-    def _set(self, state: str, detail: str, checked: float | None = None,
+    def _set(self, state: LinkState, detail: str, checked: float | None = None,
              rtt: float | None = None, target: str | None = None) -> LinkStatus:
         with self._lock:
             old = self._status

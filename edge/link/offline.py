@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from edge.link.errors import LinkSilent
 from edge.link.wait import WaitRule
+from edge.link_state import LinkState
 
 Clock = Callable[[], float]
 
@@ -224,7 +225,7 @@ class OfflineControl:
         self.monitor = monitor
         self._up = threading.Event()
         self._remove = monitor.add_listener(self._on_status) if monitor is not None else None
-        if monitor is not None and monitor.state == "up":
+        if monitor is not None and monitor.state is LinkState.UP:
             self._up.set()
 
     def close(self) -> None:
@@ -233,7 +234,7 @@ class OfflineControl:
             self._remove = None
 
     def _on_status(self, status) -> None:
-        if status.state == "up":
+        if status.state is LinkState.UP:
             self._up.set()
             self.breaker.link_up()
         else:
@@ -279,11 +280,11 @@ class OfflineControl:
         if self.monitor is None:
             return
         if overloaded:
-            self.monitor.report("overloaded", str(error))
+            self.monitor.report(LinkState.OVERLOADED, str(error))
             self._up.clear()
         elif isinstance(error, LinkSilent):
             # Probing again would only block another stall bound on the same silence.
-            self.monitor.report("down", str(error))
+            self.monitor.report(LinkState.DOWN, str(error))
         elif time.monotonic() - self.monitor.status.checked_s > self.monitor.timeout_s + 0.2:
             self.monitor.probe()  # (not when a probe just ran)
 
@@ -300,7 +301,7 @@ class OfflineControl:
 
     def misconfiguration(self) -> str | None:
         """The monitor's named cause when the link is misconfigured (TLS, key, identity)."""
-        if self.monitor is not None and self.monitor.state == "misconfigured":
+        if self.monitor is not None and self.monitor.state is LinkState.MISCONFIGURED:
             return self.monitor.status.detail
         return None
 
@@ -308,14 +309,14 @@ class OfflineControl:
         """After a broken round: reconnect at once? Only while the monitor still sees the
         verifier up (a restart, a dropped connection), or, without a monitor, once."""
         if self.monitor is not None:
-            return self.monitor.state == "up"
+            return self.monitor.state is LinkState.UP
         return failures <= 1
 
     def probe_due(self) -> bool:
         """While offline: try an Open now? With a monitor, only once it sees the verifier
         answer (so a stalled verifier never pauses the generation); without, by the breaker's
         time and token schedule."""
-        if self.monitor is not None and self.monitor.state != "up":
+        if self.monitor is not None and self.monitor.state is not LinkState.UP:
             return False
         return self.breaker.probe_due()
 
