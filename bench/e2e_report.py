@@ -50,7 +50,7 @@ BACKENDS = ("llama.cpp", "onnxruntime", "torch")
 
 
 @dataclass
-class Row:
+class ReportRow:
     backend: str
     mode: str                 # "greedy" or "T=0.8"
     prompts: int
@@ -85,8 +85,8 @@ class Row:
 
 
 def summarize(backend: str, mode: str, results: list[GenerationResult],
-              q_decode_s: float = 0.0) -> Row:
-    return Row(backend=backend, mode=mode, prompts=len(results),
+              q_decode_s: float = 0.0) -> ReportRow:
+    return ReportRow(backend=backend, mode=mode, prompts=len(results),
                tokens=sum(len(r.token_ids) for r in results),
                rounds=sum(r.rounds for r in results),
                accepted=sum(sum(r.accepted_lengths) for r in results),
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = {"greedy": lambda i: SamplingParams(),
              f"T={args.temperature:g}": lambda i: SamplingParams(temperature=args.temperature,
                                                                  seed=i)}
-    rows: list[Row] = []
+    rows: list[ReportRow] = []
     started = time.monotonic()
     try:
         for backend in args.backends:
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_row(row: Row, header: bool) -> None:
+def print_row(row: ReportRow, header: bool) -> None:
     if header:
         print(f"{'backend':<20} {'mode':<7} {'τ':>5} {'passes/tok':>10} {'up B/drafted':>12} "
               f"{'up B/tok':>8} {'down B/tok':>10} {'tok/s':>7} {'unverified':>10} "

@@ -9,7 +9,7 @@ prefix cache) and per-session KV memory.
 Runs in .venv-vllm (scripts/bootstrap.sh --vllm), which has both backends; without vLLM it
 measures the torch backend alone and says so.
 
-The workload drives the verifier engine (cloud.engine.Engine: session table, backend, the
+The workload drives the verifier engine (cloud.engine.Verifier: session table, backend, the
 acceptance test) directly from one thread per session, closed loop (no network, no draft
 model: this measures the verifier). Each session's context is a held-out prompt; its blocks
 are made from the target's own greedy continuation with a seeded number of right tokens
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from cloud.config import BatchSettings, LimitSettings, ModelSettings, VllmSettings
-from cloud.engine import DraftRequest, Engine, OpenRequest
+from cloud.engine import DraftRequest, OpenRequest, Verifier
 from tandem.config import REPO_ROOT
 from tandem.sampling import SamplingParams
 
@@ -47,7 +47,7 @@ REOPEN_CONTEXTS = 8
 
 
 @dataclass
-class Row:
+class GoodputRow:
     backend: str          # torch | vllm | torch-ar | vllm-ar
     sessions: int
     rounds: int           # rounds (or target-only passes) in the phase
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     contexts, continuations = _workload(max(levels) + REOPEN_CONTEXTS,
                                         args.rounds * (args.k + 1) + 1)
     fresh = contexts[max(levels):]
-    rows: list[Row] = []
+    rows: list[GoodputRow] = []
     reopen: dict[str, dict[str, float]] = {}
     one_pass: dict[str, float] = {}
     for name in backends:
@@ -154,7 +154,7 @@ def _workload(n: int, length: int) -> tuple[list[list[int]], list[list[int]]]:
     return contexts, continuations
 
 
-def _engine(name: str, sessions: int, max_batch: int) -> Engine:
+def _engine(name: str, sessions: int, max_batch: int) -> Verifier:
     limits = LimitSettings(max_sessions=max(sessions, 8), kv_budget_bytes=2**31)
     batch = BatchSettings(max_batch=max_batch)
     model = ModelSettings(path=TARGET, device="auto", backend="torch" if name == "torch"
@@ -165,10 +165,10 @@ def _engine(name: str, sessions: int, max_batch: int) -> Engine:
     else:
         from cloud.runtime.vllm_backend import VllmBackend
         target = VllmBackend(model, VllmSettings())
-    return Engine(target, limits, batch)
+    return Verifier(target, limits, batch)
 
 
-def _one_pass_ms(engine: Engine, context: list[int], continuation: list[int], k: int,
+def _one_pass_ms(engine: Verifier, context: list[int], continuation: list[int], k: int,
                  rounds: int = 21) -> dict:
     """What a 1-session round costs over the bare target pass it needs: rounds of one session
     (its block fully right, so every round has k + 1 new tokens), each followed at once by the
@@ -201,7 +201,7 @@ def _one_pass_ms(engine: Engine, context: list[int], continuation: list[int], k:
             "ratio": round(round_p50 / pass_p50, 3), "passes": len(round_ms)}
 
 
-def _goals(rows: list[Row], one_pass: dict) -> list[str]:
+def _goals(rows: list[GoodputRow], one_pass: dict) -> list[str]:
     """Issue 18's done-when lines, from this run's rows."""
     by = {(r.backend, r.sessions): r for r in rows}
     lines = []
@@ -221,7 +221,7 @@ def _goals(rows: list[Row], one_pass: dict) -> list[str]:
     return lines
 
 
-def _fingerprint(engine: Engine) -> str:
+def _fingerprint(engine: Verifier) -> str:
     return engine.runtime.fingerprint
 
 
@@ -249,8 +249,8 @@ def _run_threads(n: int, work) -> float:
     return wall
 
 
-def _speculative(engine: Engine, name: str, contexts, continuations, rounds: int,
-                 k: int) -> Row:
+def _speculative(engine: Verifier, name: str, contexts, continuations, rounds: int,
+                 k: int) -> GoodputRow:
     n = len(contexts)
     sessions = [engine.open(OpenRequest("", "", _fingerprint(engine), list(ids),
                                         SamplingParams())).session for ids in contexts]
@@ -288,7 +288,7 @@ def _speculative(engine: Engine, name: str, contexts, continuations, rounds: int
                 _kv_per_session(engine, name, lengths))
 
 
-def _target_only(engine: Engine, name: str, contexts, continuations, produced: int) -> Row:
+def _target_only(engine: Verifier, name: str, contexts, continuations, produced: int) -> GoodputRow:
     n = len(contexts)
     latencies: list[list[float]] = [[] for _ in range(n)]
     lengths = [len(c) + produced for c in contexts]
@@ -322,7 +322,7 @@ def _target_only(engine: Engine, name: str, contexts, continuations, produced: i
                 [x for l in latencies for x in l], _kv_per_session(engine, name, lengths))
 
 
-def _reopen_cost(engine: Engine, contexts) -> dict[str, float]:
+def _reopen_cost(engine: Verifier, contexts) -> dict[str, float]:
     """Mean prefill of a first open, and of a second open of the same context after close."""
     first, again = [], []
     for ids in contexts:
@@ -335,7 +335,7 @@ def _reopen_cost(engine: Engine, contexts) -> dict[str, float]:
             "context_tokens": statistics.mean(len(c) for c in contexts)}
 
 
-def _kv_per_session(engine: Engine, name: str, lengths: list[int]) -> float:
+def _kv_per_session(engine: Verifier, name: str, lengths: list[int]) -> float:
     """KV bytes one session costs while its round runs (see memory_note)."""
     per_token = engine.runtime.bytes_per_token
     if name == "vllm":
@@ -353,19 +353,19 @@ def memory_note() -> str:
             "from the sessions' lengths and the measured bytes per token, not sampled from RSS.")
 
 
-def _row(backend, sessions, rounds, tokens, wall, latencies, kv) -> Row:
+def _row(backend, sessions, rounds, tokens, wall, latencies, kv) -> GoodputRow:
     ordered = sorted(latencies)
 
     def pct(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    return Row(backend=backend, sessions=sessions, rounds=rounds, tokens=tokens,
+    return GoodputRow(backend=backend, sessions=sessions, rounds=rounds, tokens=tokens,
                wall_s=round(wall, 3), goodput_tok_s=round(tokens / wall, 1),
                round_ms_mean=round(statistics.mean(ordered), 2), round_ms_p50=round(pct(0.5), 2),
                round_ms_p90=round(pct(0.9), 2), kv_bytes_per_session=round(kv))
 
 
-def _crossover(rows: list[Row]) -> str:
+def _crossover(rows: list[GoodputRow]) -> str:
     by = {(r.backend, r.sessions): r for r in rows}
     levels = sorted({r.sessions for r in rows})
     if not any(r.backend == "vllm" for r in rows):
@@ -379,13 +379,13 @@ def _crossover(rows: list[Row]) -> str:
     return f"vLLM's goodput >= torch's from {min(ahead)} sessions (at {ahead})"
 
 
-def _format(row: Row) -> str:
+def _format(row: GoodputRow) -> str:
     return (f"{row.backend:<9} {row.sessions:>3} sessions: {row.goodput_tok_s:>8.1f} tok/s, "
             f"round {row.round_ms_mean:7.1f} ms (p50 {row.round_ms_p50:.1f}, p90 "
             f"{row.round_ms_p90:.1f}), KV/session {row.kv_bytes_per_session / 1024:.0f} KiB")
 
 
-def _table(rows: list[Row]) -> str:
+def _table(rows: list[GoodputRow]) -> str:
     head = (f"| backend | sessions | goodput tok/s | round ms mean | p50 | p90 | "
             f"KV KiB/session |\n|---|---:|---:|---:|---:|---:|---:|")
     lines = [f"| {r.backend} | {r.sessions} | {r.goodput_tok_s:.1f} | {r.round_ms_mean:.1f} | "

@@ -132,7 +132,7 @@ class GeneratedToken:
     timings: Timings
 
 
-class Engine:
+class Verifier:
     def __init__(self, runtime: TargetRuntime | TargetBackend, limits: LimitSettings,
                  batch: BatchSettings) -> None:
         if not isinstance(runtime, TargetBackend):  # a bare TargetRuntime: the torch backend

@@ -1,4 +1,4 @@
-"""The gRPC side of the verifier: a thin servicer over cloud.engine.Engine, the health service,
+"""The gRPC side of the verifier: a thin servicer over cloud.engine.Verifier, the health service,
 API-key auth and TLS, and `create_server(config) -> (server, port)`.
 
 The servicer only converts messages and maps cloud.errors to status codes; every decision is
@@ -22,7 +22,7 @@ from cloud.auth import ApiKeyInterceptor, key_from_metadata
 from cloud.backend import TargetBackend
 from cloud.runtime.factory import make_backend
 from cloud.config import CloudConfig, LimitSettings
-from cloud.engine import (Discarded, DraftRequest, Engine, EvictedNotice, GenerateRequest,
+from cloud.engine import (Discarded, DraftRequest, Verifier, EvictedNotice, GenerateRequest,
                           OpenRequest)
 from cloud.errors import CloudError, ContextTooLong, InvalidRequest, PreconditionFailed
 from cloud.identity import TargetIdentity
@@ -53,7 +53,7 @@ MAX_Q_CODECS = 16      # names in Open.q_codecs
 
 
 class DecodingServicer(pb_grpc.DecodingServicer):
-    def __init__(self, engine: Engine, admission: Admission, limits: LimitSettings,
+    def __init__(self, engine: Verifier, admission: Admission, limits: LimitSettings,
                  name: str = "") -> None:
         self.engine = engine
         self.admission = admission
@@ -112,7 +112,7 @@ class DecodingServicer(pb_grpc.DecodingServicer):
                             verifier=self.name)
 
 
-def _batch_stats(engine: Engine) -> pb.BatchStats:
+def _batch_stats(engine: Verifier) -> pb.BatchStats:
     # A copy: the batcher thread adds to it. The vLLM backend has no batcher (vLLM batches).
     counts = dict(engine.batcher.size_counts) if engine.batcher is not None else {}
     largest = max(counts, default=0)
@@ -141,7 +141,7 @@ class _Stream:
     """One Session stream: at most one open session at a time; Open again after Evicted or
     Close is allowed."""
 
-    def __init__(self, engine: Engine, admission: Admission, key: str, name: str = "") -> None:
+    def __init__(self, engine: Verifier, admission: Admission, key: str, name: str = "") -> None:
         self.engine = engine
         self.admission = admission
         self.key = key
@@ -252,7 +252,7 @@ class _Stream:
             self.admission.leave(self.key)
 
 
-def _check_open_sizes(message: pb.Open, engine: Engine) -> None:
+def _check_open_sizes(message: pb.Open, engine: Verifier) -> None:
     """Refuse oversized fields before any of them is converted or looked at."""
     for name in ("session_id", "model", "tokenizer_fingerprint"):
         if len(getattr(message, name)) > MAX_NAME_CHARS:
@@ -266,7 +266,7 @@ def _check_open_sizes(message: pb.Open, engine: Engine) -> None:
                              f"max_context {engine.limits.max_context}")
 
 
-def _check_draft_sizes(message: pb.Draft, engine: Engine) -> None:
+def _check_draft_sizes(message: pb.Draft, engine: Verifier) -> None:
     limits = engine.limits
     for name, n in (("tokens", len(message.tokens)), ("q", len(message.q))):
         if n > limits.max_draft_length:
@@ -297,7 +297,7 @@ def _sampling(message: pb.SamplingParams, vocab_size: int) -> SamplingParams:
         raise InvalidRequest(f"sampling: {exc}") from exc
 
 
-def _limits(engine: Engine) -> pb.Limits:
+def _limits(engine: Verifier) -> pb.Limits:
     limits = engine.limits
     return pb.Limits(max_draft_length=limits.max_draft_length, max_context=limits.max_context,
                      vocab_size=limits.vocab_size, max_q_entries=limits.max_q_entries,
@@ -321,7 +321,7 @@ def _decoding_handlers(servicer: DecodingServicer) -> grpc.GenericRpcHandler:
 class CloudServer:
     """A started-or-not gRPC server with its engine; stop() drains rounds, then the batcher."""
 
-    def __init__(self, server: grpc.Server, engine: Engine, health_servicer: health.HealthServicer,
+    def __init__(self, server: grpc.Server, engine: Verifier, health_servicer: health.HealthServicer,
                  port: int, secure: bool, grace_s: float) -> None:
         self.grpc_server = server
         self.engine = engine
@@ -386,7 +386,7 @@ def create_server(config: CloudConfig,
                 "server.allow_insecure_public: true")
     if runtime is None:
         runtime = make_backend(config)  # model.backend: torch or vllm
-    engine = Engine(runtime, config.limits, config.batch)
+    engine = Verifier(runtime, config.limits, config.batch)
     limits = config.limits
     admission = Admission(max_streams=settings.max_workers,
                           max_streams_per_key=limits.max_streams_per_key,

@@ -14,7 +14,7 @@ from bench.bench.channels import held_out_profile, offsets_of, trace_pair
 from bench.bench.config import ALL_CONFIGURATIONS, BenchConfig, DeviceSpec, fixed_k, load_device
 from bench.bench.device import ThrottledDraft, joules
 from bench.bench.oracle import CloudOnly, OraclePolicy, match_runs
-from bench.bench.results import (ROW_FIELDS, Generation, Interval, Units, agreement, bootstrap,
+from bench.bench.results import (ROW_FIELDS, GenerationSummary, Interval, Units, agreement, bootstrap,
                                  bootstrap_ratio, format_goals, format_table, goals, overall,
                                  rows_of, summarize, verdict, versus_one)
 from bench.channel import load_profile
@@ -61,8 +61,8 @@ def view(generated: int, max_k: int = 16, remaining: int = 100) -> RoundView:
 
 
 def gen(config="fixed-k4", channel="lte", device="phone", tokens=10, wall_s=1.0, ttft_s=0.1,
-        **kw) -> Generation:
-    return Generation(channel=channel, device=device, config=config, prompt=0, tokens=tokens,
+        **kw) -> GenerationSummary:
+    return GenerationSummary(channel=channel, device=device, config=config, prompt=0, tokens=tokens,
                       wall_s=wall_s, ttft_s=ttft_s, **kw)
 
 
@@ -141,7 +141,7 @@ def test_agreement_is_positional_and_counts_missing_tokens():
 
 
 def _generations(speeds: dict[tuple[str, str, str], float], prompts: int = 8, offsets=(0.0,),
-                 passes: dict | None = None, spread: float = 0.02) -> list[Generation]:
+                 passes: dict | None = None, spread: float = 0.02) -> list[GenerationSummary]:
     """Every configuration on every (prompt, offset) unit: 10 tokens at the given mean speed,
     times a per-prompt factor shared by all configurations (prompts differ, pairing holds) and
     a small per-configuration wobble."""
@@ -151,7 +151,7 @@ def _generations(speeds: dict[tuple[str, str, str], float], prompts: int = 8, of
         for o in offsets:
             for (c, d, n), v in speeds.items():
                 factor = (1 + 0.5 * ((p % 4) - 1.5)) * (1 + spread * (((p * 7 + len(n)) % 5) - 2))
-                out.append(Generation(channel=c, device=d, config=n, prompt=p, tokens=10,
+                out.append(GenerationSummary(channel=c, device=d, config=n, prompt=p, tokens=10,
                                       wall_s=10 / (v * factor), ttft_s=0.05, offset_s=o,
                                       target_passes=round(10 * passes.get((c, d, n), 0.2))))
     return out
@@ -302,7 +302,7 @@ def test_pairing_uses_only_units_both_configurations_ran():
     gs = _generations({("lte", "phone", "fixed-k4"): 10.0, ("lte", "phone", "adaptive"): 10.0},
                       prompts=4, spread=0.0)
     # an extra, very fast adaptive unit that fixed-k4 never ran must not enter the ratio
-    gs.append(Generation(channel="lte", device="phone", config="adaptive", prompt=0, tokens=10,
+    gs.append(GenerationSummary(channel="lte", device="phone", config="adaptive", prompt=0, tokens=10,
                          wall_s=0.01, ttft_s=0.001, offset_s=99.0))
     units = Units(gs)
     assert units.speed_ratio(("lte", "phone"), "adaptive", "fixed-k4").value == pytest.approx(1.0)

@@ -23,7 +23,7 @@ from verifier_harness import edge_tokenizer, reference, start_verifier, target_r
 from edge.config import ClientConfig, CloudLinkConfig, DaemonConfig, EdgeConfig
 from edge.daemon.app import error_response
 from edge.daemon.chat_template import ChatTemplate
-from edge.daemon.errors import Overloaded, ServiceUnavailable, from_validation_errors
+from edge.daemon.errors import QueueFull, ServiceUnavailable, from_validation_errors
 from edge.daemon.openai_schema import ChatCompletionRequest, CompletionRequest
 from edge.daemon.server import DaemonThread, check_exposure, load_engine
 from edge.runtime import DraftConfig
@@ -346,7 +346,7 @@ def test_bad_numbers_and_text_are_400s(http):
 
 
 def test_503s_carry_retry_after():
-    for error in (Overloaded("busy"), ServiceUnavailable("down")):
+    for error in (QueueFull("busy"), ServiceUnavailable("down")):
         response = error_response(error)
         assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
 

@@ -13,7 +13,7 @@ from verifier_harness import TEST_DEVICE, channel_to, client_for, open_draft
 from verifier_harness import edge_tokenizer, prompt_ids, target_runtime  # noqa: F401 (fixtures)
 
 from cloud.config import BatchSettings, CloudConfig, LimitSettings, ModelSettings, ServerSettings
-from cloud.engine import DraftRequest, Engine, OpenRequest, RoundResult
+from cloud.engine import DraftRequest, Verifier, OpenRequest, RoundResult
 from cloud.price import INTERVAL_S, SMOOTHING_S, PassPrice
 from cloud.service import create_server
 from edge.client import GenerationRequest
@@ -65,13 +65,13 @@ def tokens(prompt_ids):
     return [list(ids[:40]) for ids in prompt_ids[:12]]
 
 
-def _open(engine: Engine, context: list[int]):
+def _open(engine: Verifier, context: list[int]):
     return engine.open(OpenRequest(session_id="", model="",
                                    tokenizer_fingerprint=engine.runtime.fingerprint,
                                    context_ids=context, sampling=SamplingParams())).session
 
 
-def _rounds(engine: Engine, context: list[int], rounds: int,
+def _rounds(engine: Verifier, context: list[int], rounds: int,
             until: threading.Event | None = None) -> None:
     """A greedy session's rounds of 4-token blocks (the context's own tokens as the draft)."""
     session = _open(engine, context[:8])
@@ -91,7 +91,7 @@ def _rounds(engine: Engine, context: list[int], rounds: int,
 def test_a_lone_session_pays_nothing(target_runtime, tokens):
     """One session, round after round: its passes run at once on its own thread, nothing waits,
     the price stays exactly 0 (the single-user figures cannot change)."""
-    engine = Engine(target_runtime, LimitSettings(), BatchSettings())
+    engine = Verifier(target_runtime, LimitSettings(), BatchSettings())
     try:
         for context in tokens[:3]:
             _rounds(engine, context, 20)
@@ -105,7 +105,7 @@ def test_the_price_rises_when_many_sessions_wait_for_their_passes(target_runtime
     """Twelve sessions at once, a small target: rounds wait for the passes of the others, the
     smoothed delay passes the target and the price rises above 0 (in the engine, and in the
     Prometheus gauge)."""
-    engine = Engine(target_runtime, LimitSettings(),
+    engine = Verifier(target_runtime, LimitSettings(),
                     BatchSettings(window_ms=2.0, target_queue_ms=0.2))
     risen = threading.Event()
     errors: list[BaseException] = []

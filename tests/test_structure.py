@@ -1,5 +1,6 @@
-"""The shape of the code, checked: no import circle among the project's modules, and no class in
-the edge's round loop over ~150 lines (shared/DESIGN.md, "The round loop, next step").
+"""The shape of the code, checked: no import circle among the project's modules, no class in
+the edge's round loop over ~150 lines (shared/DESIGN.md, "The round loop, next step"), and no
+class name defined twice (one name, one idea).
 
 The import graph is read from the source with `ast` (nothing is imported): every `import` and
 `from ... import` counts, at module level, inside functions and under `if TYPE_CHECKING:` alike
@@ -132,3 +133,36 @@ def test_no_class_in_the_round_loop_over_150_lines():
                     if lines > MAX_CLASS_LINES:
                         too_long.append(f"{file.relative_to(ROOT)}:{node.name} ({lines} lines)")
     assert not too_long, too_long
+
+
+# Where a class name must mean one thing: the generated wire stubs (tandem/v1) are not ours.
+NAMED_ONCE = ("edge", "cloud", "bench", "tandem", "models")
+GENERATED = ("tandem/v1",)
+
+
+def class_twins(root: Path = ROOT) -> dict[str, list[str]]:
+    """Class names defined in more than one place, each with its places (path:line)."""
+    places: dict[str, list[str]] = {}
+    for package in NAMED_ONCE:
+        for file in sorted((root / package).rglob("*.py")):
+            relative = file.relative_to(root).as_posix()
+            if relative.startswith(GENERATED):
+                continue
+            for node in ast.walk(ast.parse(file.read_text(), str(file))):
+                if isinstance(node, ast.ClassDef):
+                    places.setdefault(node.name, []).append(f"{relative}:{node.lineno}")
+    return {name: where for name, where in places.items() if len(where) > 1}
+
+
+def test_no_class_name_is_defined_twice():
+    assert not class_twins(), class_twins()
+
+
+def test_the_twin_finder_finds_a_twin(tmp_path):
+    for path, source in (("edge/a.py", "class Row:\n    pass\n"),
+                         ("bench/b.py", "def f():\n    class Row:\n        pass\n"),
+                         ("tandem/v1/c.py", "class Only:\n    pass\n"),
+                         ("tandem/d.py", "class Only:\n    pass\n")):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(source)
+    assert class_twins(tmp_path) == {"Row": ["edge/a.py:1", "bench/b.py:2"]}

@@ -29,7 +29,7 @@ from verifier_harness import _target_runtime
 
 from cloud.admission import RETRY_AFTER_HEADER, Admission
 from cloud.config import CloudConfig
-from cloud.engine import Engine
+from cloud.engine import Verifier
 from cloud.errors import CloudError
 from cloud.identity import identify
 from cloud.runtime.target import TargetRuntime
@@ -259,7 +259,7 @@ def _messages(vocab: int, fingerprint: str, opening: bool = False, q_codec: str 
 
 def test_any_message_is_answered_or_refused_with_a_cloud_error(runtime):
     config = CloudConfig.model_validate({"limits": LIMITS, "batch": {"window_ms": 0}})
-    engine = Engine(runtime, config.limits, config.batch)
+    engine = Verifier(runtime, config.limits, config.batch)
     admission = Admission(max_streams=4)
     outcomes: dict[str, int] = {}
     try:

@@ -23,7 +23,7 @@ import grpc
 from bench.bench.config import BenchConfig, DeviceSpec, fixed_k
 from bench.bench.device import ThrottledDraft, joules
 from bench.bench.oracle import CloudOnly, OraclePolicy, match_runs, target_greedy
-from bench.bench.results import Generation, agreement
+from bench.bench.results import GenerationSummary, agreement
 from bench.channel import ChannelProfile, ChannelProxy
 from bench.workload import load_prompts
 from cloud.config import CloudConfig
@@ -153,7 +153,7 @@ class CellBench:
             self.drafts[device.name] = draft
         return self.drafts[device.name]
 
-    def run(self, cell: Cell, emit: Callable[[Generation], None]) -> None:
+    def run(self, cell: Cell, emit: Callable[[GenerationSummary], None]) -> None:
         config, edge, device, profile = self.config, self.edge, cell.device, cell.profile
         draft = self.draft_of(device)
         with ChannelProxy(profile, upstream=("127.0.0.1", self.port)) as proxy:
@@ -186,7 +186,7 @@ class CellBench:
 
 
 def _one(config: BenchConfig, name: str, client: EdgeClient, draft: DraftRuntime, device: DeviceSpec,
-         channel: str, index: int, prompt: list[int], reference: list[int], runs: list[int]) -> Generation:
+         channel: str, index: int, prompt: list[int], reference: list[int], runs: list[int]) -> GenerationSummary:
     draft.rollback(0)  # every cursor on this runtime re-syncs from scratch (no stale cache)
     if name == "edge-only":
         tokens, wall_s, ttft_s = run_edge_only(draft, prompt, config.max_tokens)
@@ -197,7 +197,7 @@ def _one(config: BenchConfig, name: str, client: EdgeClient, draft: DraftRuntime
         res = client.generate(GenerationRequest(prompt, config.max_tokens))
         tokens = res.token_ids
         stats = from_result(res, keep_rounds=name.startswith("adaptive") and channel == config.lte_channel)
-    g = Generation(channel=channel, device=device.name, config=name, prompt=index, **stats)
+    g = GenerationSummary(channel=channel, device=device.name, config=name, prompt=index, **stats)
     g.joules = joules(device.profile, g.draft_tokens, g.bytes_up, g.bytes_down)
     g.agreement = agreement(tokens, reference)
     return g

@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read_generations(path: Path) -> list:
-    from bench.bench.results import Generation
+    from bench.bench.results import GenerationSummary
 
     if not path.is_file():
         raise ConfigError(f"--from-generations: no file {path}")
@@ -120,7 +120,7 @@ def _read_generations(path: Path) -> list:
         if not line.strip():
             continue
         try:
-            out.append(Generation(**json.loads(line)))
+            out.append(GenerationSummary(**json.loads(line)))
         except (ValueError, TypeError) as e:
             raise ConfigError(f"{path}:{number}: not a generation line ({e})") from None
     if not out:

@@ -7,10 +7,10 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.bench.results import Row
+from bench.bench.results import BenchRow
 
 
-def write_plots(out_dir: Path, rows: Sequence[Row], trace: Sequence[dict], trace_title: str) -> list[Path]:
+def write_plots(out_dir: Path, rows: Sequence[BenchRow], trace: Sequence[dict], trace_title: str) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

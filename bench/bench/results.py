@@ -1,7 +1,7 @@
 """From generations to the bench's rows, goal ratios with bootstrap intervals, table and JSON.
 
-One `Generation` per (channel, device, configuration, unit), a unit being one (prompt, trace
-offset) that every configuration of the cell ran; one `Row` per (channel, device,
+One `GenerationSummary` per (channel, device, configuration, unit), a unit being one (prompt, trace
+offset) that every configuration of the cell ran; one `BenchRow` per (channel, device,
 configuration) with the issue's fields, so other tools can read the JSON:
 
   tokens_per_s      mean over requests of verified tokens / request wall time (ANCHORS:
@@ -45,7 +45,7 @@ RESAMPLES, CONFIDENCE = 2000, 0.95
 
 
 @dataclass
-class Generation:
+class GenerationSummary:
     """One generation of one configuration, reduced to what the rows need."""
     channel: str
     device: str
@@ -69,7 +69,7 @@ class Generation:
 
 
 @dataclass(frozen=True)
-class Row:
+class BenchRow:
     channel: str
     device: str
     config: str
@@ -104,19 +104,19 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den else 0.0
 
 
-def speed(g: Generation) -> float:
+def speed(g: GenerationSummary) -> float:
     """Verified tokens per second of one request (0 for a request that took no time): the
     speed every goal compares. Local tokens are the draft's alone and count apart."""
     return _ratio(g.tokens - g.unverified, g.wall_s)
 
 
-def local_speed(g: Generation) -> float:
+def local_speed(g: GenerationSummary) -> float:
     """Tokens per second one request committed without the target."""
     return _ratio(g.unverified, g.wall_s)
 
 
-def summarize(generations: Sequence[Generation], resamples: int = RESAMPLES,
-              confidence: float = CONFIDENCE, seed: int = 0) -> Row:
+def summarize(generations: Sequence[GenerationSummary], resamples: int = RESAMPLES,
+              confidence: float = CONFIDENCE, seed: int = 0) -> BenchRow:
     g0 = generations[0]
     tokens = sum(g.tokens for g in generations)
     by_prompt: dict[int, list[float]] = {}
@@ -124,7 +124,7 @@ def summarize(generations: Sequence[Generation], resamples: int = RESAMPLES,
         by_prompt.setdefault(g.prompt, []).append(speed(g))
     mean = bootstrap_ratio([sum(v) for v in by_prompt.values()],
                            [len(v) for v in by_prompt.values()], resamples, confidence, seed)
-    return Row(
+    return BenchRow(
         channel=g0.channel, device=g0.device, config=g0.config,
         tokens_per_s=statistics.fmean(speed(g) for g in generations),
         local_tokens_per_s=statistics.fmean(local_speed(g) for g in generations),
@@ -139,10 +139,10 @@ def summarize(generations: Sequence[Generation], resamples: int = RESAMPLES,
         prompts=len(by_prompt), units=len({(g.prompt, g.offset_s) for g in generations}))
 
 
-def details_of(generations: Iterable[Generation]) -> list[dict]:
+def details_of(generations: Iterable[GenerationSummary]) -> list[dict]:
     """Per row, what explains it beyond the row's fields: requests, tokens committed without
     the target (a verified configuration's agreement below 100% comes from these), re-opens."""
-    groups: dict[tuple[str, str, str], list[Generation]] = {}
+    groups: dict[tuple[str, str, str], list[GenerationSummary]] = {}
     for g in generations:
         groups.setdefault((g.channel, g.device, g.config), []).append(g)
     return [{"channel": c, "device": d, "config": n, "requests": len(gs),
@@ -150,10 +150,10 @@ def details_of(generations: Iterable[Generation]) -> list[dict]:
              "reopens": sum(g.reopens for g in gs)} for (c, d, n), gs in groups.items()]
 
 
-def rows_of(generations: Iterable[Generation], resamples: int = RESAMPLES,
-            confidence: float = CONFIDENCE, seed: int = 0) -> list[Row]:
+def rows_of(generations: Iterable[GenerationSummary], resamples: int = RESAMPLES,
+            confidence: float = CONFIDENCE, seed: int = 0) -> list[BenchRow]:
     """One row per (channel, device, configuration), in the order they first ran."""
-    groups: dict[tuple[str, str, str], list[Generation]] = {}
+    groups: dict[tuple[str, str, str], list[GenerationSummary]] = {}
     for g in generations:
         groups.setdefault((g.channel, g.device, g.config), []).append(g)
     return [summarize(gs, resamples, confidence, seed) for gs in groups.values()]
@@ -283,9 +283,9 @@ def overall(verdicts: Sequence[str]) -> str:
 class Units:
     """The generations of one run, indexed by cell, configuration and unit (prompt, offset)."""
 
-    def __init__(self, generations: Iterable[Generation], resamples: int = RESAMPLES,
+    def __init__(self, generations: Iterable[GenerationSummary], resamples: int = RESAMPLES,
                  confidence: float = CONFIDENCE, seed: int = 0) -> None:
-        self.by: dict[tuple[str, str], dict[str, dict[tuple[int, float], Generation]]] = {}
+        self.by: dict[tuple[str, str], dict[str, dict[tuple[int, float], GenerationSummary]]] = {}
         for g in generations:
             self.by.setdefault((g.channel, g.device), {}).setdefault(g.config, {})[(g.prompt, g.offset_s)] = g
         self.resamples, self.confidence, self.seed = resamples, confidence, seed
@@ -396,7 +396,7 @@ def _geomean(values: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values and min(values) > 0 else 0.0
 
 
-def goals(generations: Sequence[Generation], rtt_ms: dict[str, float], *, lte_channel: str = "lte",
+def goals(generations: Sequence[GenerationSummary], rtt_ms: dict[str, float], *, lte_channel: str = "lte",
           phone_device: str = "phone", peer_rtt_ms: float = 20.0,
           pipelining_rtt_ms: float = 50.0, cap_passes_per_token: float = 0.30,
           resamples: int = RESAMPLES, confidence: float = CONFIDENCE, seed: int = 0) -> list[Goal]:
@@ -522,7 +522,7 @@ def _average_goal(units: Units, name: str, a: str, b: str, cells: list[tuple[str
 
 # ---- output ----------------------------------------------------------------------------------
 
-COLUMNS = [  # header, Row field, format
+COLUMNS = [  # header, BenchRow field, format
     ("channel", "channel", "{}"), ("device", "device", "{}"), ("config", "config", "{}"),
     ("verified tok/s", "tokens_per_s", "{:.1f}"), ("95% CI", "tokens_per_s_low", None),
     ("local tok/s", "local_tokens_per_s", "{:.1f}"),
@@ -535,7 +535,7 @@ COLUMNS = [  # header, Row field, format
 _SCALE = {"tpot_s": 1000.0, "joules_per_token": 1000.0}
 
 
-def _cell(r: Row, name: str, fmt: str | None) -> str:
+def _cell(r: BenchRow, name: str, fmt: str | None) -> str:
     value = getattr(r, name)
     if fmt is None:  # the interval column
         low, high = r.tokens_per_s_low, r.tokens_per_s_high
@@ -543,7 +543,7 @@ def _cell(r: Row, name: str, fmt: str | None) -> str:
     return value if isinstance(value, str) else fmt.format(value * _SCALE.get(name, 1.0))
 
 
-def format_table(rows: Sequence[Row], markdown: bool = False) -> str:
+def format_table(rows: Sequence[BenchRow], markdown: bool = False) -> str:
     cells = [[h for h, _, _ in COLUMNS]]
     for r in rows:
         cells.append([_cell(r, name, fmt) for _, name, fmt in COLUMNS])
@@ -581,7 +581,7 @@ def _finite(value):
     return value
 
 
-def write_json(path: Path, rows: Sequence[Row], goal_list: Sequence[Goal], extra: dict) -> None:
+def write_json(path: Path, rows: Sequence[BenchRow], goal_list: Sequence[Goal], extra: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"rows": [asdict(r) for r in rows], "goals": [asdict(g) for g in goal_list], **extra}
     path.write_text(json.dumps(_finite(payload), indent=2, allow_nan=False) + "\n")

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from bench.bench.cell import CellBench, build_policy, cells_of, client_config, edge_config_of
 from bench.bench.config import BenchConfig, DeviceSpec
-from bench.bench.results import Generation, Row, details_of, goals, rows_of
+from bench.bench.results import GenerationSummary, BenchRow, details_of, goals, rows_of
 from bench.bench.workers import run_in_workers
 from bench.channel import ChannelProfile
 from edge.config import ClientConfig
@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class BenchResult:
-    generations: list[Generation] = field(default_factory=list)
-    rows: list[Row] = field(default_factory=list)
+    generations: list[GenerationSummary] = field(default_factory=list)
+    rows: list[BenchRow] = field(default_factory=list)
     goals: list = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)   # configuration -> why
     trace: list[dict] = field(default_factory=list)
@@ -64,7 +64,7 @@ def available_configurations(config: BenchConfig, base: ClientConfig,
 
 def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: Sequence[DeviceSpec],
               json_path: Path | None = None, plots_dir: Path | None = None,
-              progress: bool = True, on_generation: Callable[[Generation], None] | None = None) -> BenchResult:
+              progress: bool = True, on_generation: Callable[[GenerationSummary], None] | None = None) -> BenchResult:
     """Every cell, one after the other in this process, or spread over `config.workers`
     processes (bench/bench/workers.py); then the report."""
     started = time.monotonic()
@@ -77,7 +77,7 @@ def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: 
     total = config.prompts * len(names) * sum(len(c.offsets) for c in cells)
     bar = tqdm(total=total, unit="gen", disable=not progress, leave=False)
 
-    def emit(g: Generation) -> None:
+    def emit(g: GenerationSummary) -> None:
         result.generations.append(g)
         if on_generation is not None:
             on_generation(g)
@@ -136,7 +136,7 @@ def report(result: BenchResult, config: BenchConfig, channels: Sequence[ChannelP
     return result
 
 
-def _session_trace(generations: Sequence[Generation], channel: str) -> tuple[list[dict], str]:
+def _session_trace(generations: Sequence[GenerationSummary], channel: str) -> tuple[list[dict], str]:
     """The adaptive session with the most rounds on the LTE channel (pipelined preferred)."""
     for name in ("adaptive-pipelined", "adaptive"):
         found = [g for g in generations if g.config == name and g.channel == channel and g.rounds_log]

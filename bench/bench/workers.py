@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from bench.bench.cell import Cell, CellBench
 from bench.bench.config import BenchConfig
-from bench.bench.results import Generation
+from bench.bench.results import GenerationSummary
 
 POLL_S = 1.0            # how often the parent looks for a worker that died without a word
 LAPTOP_DRAFT_TOKENS_PER_S = 400.0   # an unthrottled draft's rough rate, only to order the cells
@@ -32,7 +32,7 @@ def expected_cost(cell: Cell) -> float:
 
 
 def run_in_workers(config: BenchConfig, names: Sequence[str], cells: Sequence[Cell],
-                   emit: Callable[[Generation], None]) -> None:
+                   emit: Callable[[GenerationSummary], None]) -> None:
     """Every cell measured by one of min(config.workers, cells) processes; `emit` gets each
     generation in this process. Raises when a worker fails or dies; the others are stopped."""
     context = multiprocessing.get_context("spawn")  # torch, grpc and llama.cpp threads: no fork

@@ -1,4 +1,4 @@
-"""The daemon's HTTP API (FastAPI): thin handlers over the Engine.
+"""The daemon's HTTP API (FastAPI): thin handlers over the GenerationPool.
 
   POST /v1/completions        text completion (one choice per prompt), `stream: true` as SSE
   POST /v1/chat/completions   chat completion (the tokenizer's chat template, see chat_template.py)
@@ -33,8 +33,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edge.daemon.engine import Engine
-from edge.daemon.errors import (ApiError, BodyTooLarge, InvalidRequest, MethodNotAllowed,
+from edge.daemon.engine import GenerationPool
+from edge.daemon.errors import (ApiError, BadRequest, BodyTooLarge, MethodNotAllowed,
                                 RouteNotFound, Unauthorized, from_validation_errors)
 from edge.daemon.metrics import DaemonMetrics
 from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, CompletionRequest,
@@ -65,7 +65,7 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int] = Field(max_length=1_000_000)
 
 
-def create_app(engine: Engine) -> FastAPI:
+def create_app(engine: GenerationPool) -> FastAPI:
     config = engine.config
     app = FastAPI(title="Tandem edge daemon", docs_url=None, redoc_url=None, openapi_url=None)
     # add_middleware puts each one outside the ones before it.
@@ -110,7 +110,7 @@ def create_app(engine: Engine) -> FastAPI:
         if not unknown:
             return
         if config.strict_openai:
-            raise InvalidRequest(f"Unrecognized request argument supplied: {unknown[0]}",
+            raise BadRequest(f"Unrecognized request argument supplied: {unknown[0]}",
                                  param=unknown[0])
         log.warning("%s: ignoring request fields this daemon does not support: %s", endpoint,
                     ", ".join(unknown))
@@ -148,15 +148,15 @@ def create_app(engine: Engine) -> FastAPI:
         if req.model is not None:
             engine.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
-            raise InvalidRequest("send either `prompt` or `messages`", param="prompt")
+            raise BadRequest("send either `prompt` or `messages`", param="prompt")
         if _surrogate_path(req.prompt) is not None:
-            raise InvalidRequest("prompt holds a lone UTF-16 surrogate", param="prompt")
+            raise BadRequest("prompt holds a lone UTF-16 surrogate", param="prompt")
         if req.messages is not None:
             try:
                 chat = ChatCompletionRequest(model=config.model_name, messages=req.messages,
                                              add_generation_prompt=req.add_generation_prompt)
             except ValidationError as exc:  # e.g. an empty list: a 400, as for chat requests
-                raise InvalidRequest(f"messages: {exc.errors()[0]['msg']}",
+                raise BadRequest(f"messages: {exc.errors()[0]['msg']}",
                                      param="messages") from exc
             ids = list((await run_in_threadpool(engine.chat_job, chat)).prompt_ids)
         else:
@@ -171,7 +171,7 @@ def create_app(engine: Engine) -> FastAPI:
         vocab = engine.tokenizer.vocab_size
         bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
         if bad is not None:
-            raise InvalidRequest(f"token id {bad} outside the vocabulary [0, {vocab})",
+            raise BadRequest(f"token id {bad} outside the vocabulary [0, {vocab})",
                                  param="tokens")
         text = await run_in_threadpool(engine.tokenizer.decode, req.tokens)
         return JSONResponse({"prompt": text})

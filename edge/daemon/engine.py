@@ -32,9 +32,9 @@ from edge.client import (CloudUnavailable, EdgeClient, GenerationRequest, Genera
 from edge.config import ClientConfig, DaemonConfig
 from edge.daemon.chat_template import ChatTemplate, TemplateError, plain_chat_prompt
 from edge.daemon.detokenizer import make_detokenizer
-from edge.daemon.errors import (ApiError, ContextLengthExceeded, GenerationFailed,
-                                GenerationTimeout, InvalidRequest, ModelNotFound, Overloaded,
-                                ServiceUnavailable, VerifierError)
+from edge.daemon.errors import (ApiError, BadRequest, ContextLengthExceeded, GenerationFailed,
+                                GenerationTimeout, ModelNotFound, QueueFull, ServiceUnavailable,
+                                VerifierError)
 from edge.daemon.metrics import DaemonMetrics
 from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, CompletionRequest,
                                        ModelCard, ModelList, RoundTrace, TandemStats)
@@ -111,7 +111,7 @@ class _Emitted:
     halted: Literal["stop", "timeout", ""] = ""   # why on_tokens ended the generation
 
 
-class Engine:
+class GenerationPool:
     def __init__(self, *, config: DaemonConfig, client_config: ClientConfig, channel: grpc.Channel,
                  runtimes: Sequence[DraftRuntime], tokenizer: EdgeTokenizer, metrics: DaemonMetrics,
                  context_limit: int, metadata: Sequence[tuple[str, str]] = (),
@@ -182,7 +182,7 @@ class Engine:
             ids = [int(t) for t in prompt]
             bad = [t for t in ids if not 0 <= t < self.tokenizer.vocab_size]
             if bad:
-                raise InvalidRequest(f"token id {bad[0]} outside the vocabulary "
+                raise BadRequest(f"token id {bad[0]} outside the vocabulary "
                                      f"[0, {self.tokenizer.vocab_size})", param="prompt")
             text = self.tokenizer.decode(ids)
         return self._job(req, ids, prompt_param="prompt"), text
@@ -195,7 +195,7 @@ class Engine:
                 add_generation_prompt=req.add_generation_prompt,
                 extra=req.chat_template_kwargs)
         except TemplateError as exc:
-            raise InvalidRequest(str(exc), param="messages") from exc
+            raise BadRequest(str(exc), param="messages") from exc
         return self._job(req, self.tokenizer.encode(text), prompt_param="messages")
 
     def _job(self, req: CompletionRequest | ChatCompletionRequest, ids: list[int],
@@ -203,11 +203,11 @@ class Engine:
         cfg = self.config
         if not ids:
             if self.tokenizer.eos_id is None:
-                raise InvalidRequest("the prompt must not be empty", param=prompt_param)
+                raise BadRequest("the prompt must not be empty", param=prompt_param)
             ids = [self.tokenizer.eos_id]
         max_tokens = cfg.default_max_tokens if req.max_tokens is None else req.max_tokens
         if max_tokens > cfg.max_tokens_limit:
-            raise InvalidRequest(f"max_tokens is {max_tokens}, this daemon allows at most "
+            raise BadRequest(f"max_tokens is {max_tokens}, this daemon allows at most "
                                  f"{cfg.max_tokens_limit}", param="max_tokens")
         if len(ids) > cfg.max_prompt_tokens:
             raise ContextLengthExceeded(f"the prompt has {len(ids)} tokens, this daemon accepts "
@@ -233,12 +233,12 @@ class Engine:
 
     def submit(self, job: GenerationJob, on_text: OnText | None, halt: threading.Event) -> Future:
         """Queue a generation; Future[GenerationOutput], failing with an ApiError. Raises
-        Overloaded at once when the pool and the wait queue are full."""
+        QueueFull at once when the pool and the wait queue are full."""
         with self._lock:
             if self._closed:
-                raise Overloaded("the daemon is shutting down")
+                raise QueueFull("the daemon is shutting down")
             if self.inflight + self.waiting >= self.config.pool_size + self.config.max_waiting:
-                raise Overloaded(f"all {self.config.pool_size} sessions are busy and "
+                raise QueueFull(f"all {self.config.pool_size} sessions are busy and "
                                  f"{self.waiting} requests are waiting; retry later")
             self.waiting += 1
             self._halts.add(halt)
@@ -263,7 +263,7 @@ class Engine:
             halt.set()  # the HTTP request ended (or was dropped): stop if still running
 
     def stream(self, job: GenerationJob) -> TextStream:
-        """Admission happens here, so Overloaded is still an HTTP status, not a stream event."""
+        """Admission happens here, so QueueFull is still an HTTP status, not a stream event."""
         return TextStream(self, job)
 
     def _work(self, job: GenerationJob, on_text: OnText | None, halt: threading.Event) -> GenerationOutput:
@@ -477,7 +477,7 @@ class TextStream:
     the GenerationOutput. Leaving the iteration early (the HTTP client went away) halts the
     generation at its next commit."""
 
-    def __init__(self, engine: Engine, job: GenerationJob) -> None:
+    def __init__(self, engine: GenerationPool, job: GenerationJob) -> None:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._halt = threading.Event()

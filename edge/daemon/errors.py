@@ -30,13 +30,13 @@ class ApiError(Exception):
                                              param=self.param, code=self.code))
 
 
-class InvalidRequest(ApiError):
+class BadRequest(ApiError):
     """Bad JSON, a value out of range, an unsupported option."""
     status = 400
     type = "invalid_request_error"
 
 
-class ContextLengthExceeded(InvalidRequest):
+class ContextLengthExceeded(BadRequest):
     """The prompt (or prompt + max_tokens) does not fit the configured limits."""
     code = "context_length_exceeded"
 
@@ -48,7 +48,7 @@ class Unauthorized(ApiError):
     code = "invalid_api_key"
 
 
-class BodyTooLarge(InvalidRequest):
+class BodyTooLarge(BadRequest):
     """The body passed daemon.max_body_bytes while it was read."""
     status = 413
     code = "request_too_large"
@@ -75,7 +75,7 @@ class MethodNotAllowed(ApiError):
     code = "method_not_allowed"
 
 
-class Overloaded(ApiError):
+class QueueFull(ApiError):
     """Every draft runtime is busy and the wait queue is full."""
     status = 503
     type = "server_error"
@@ -127,29 +127,29 @@ def _is_type_tag(part: Any) -> bool:
     return text in _BUILTIN_TAGS or "[" in text or text[:1].isupper()
 
 
-def from_validation_errors(errors: Sequence[dict[str, Any]]) -> InvalidRequest:
-    """One InvalidRequest for FastAPI's RequestValidationError.errors() (its 422 becomes 400).
+def from_validation_errors(errors: Sequence[dict[str, Any]]) -> BadRequest:
+    """One BadRequest for FastAPI's RequestValidationError.errors() (its 422 becomes 400).
 
     A body that is not JSON (or not a JSON object) gets OpenAI's parse-error wording; otherwise
     the first error names the offending field in `param` (e.g. "messages.0.role").
     """
     if not errors:
-        return InvalidRequest("invalid request")
+        return BadRequest("invalid request")
     first = errors[0]
     loc = [str(part) for part in first.get("loc", ()) if not _is_type_tag(part)]
     if first.get("type") in _JSON_ERROR_TYPES and not loc:
-        return InvalidRequest("We could not parse the JSON body of your request. (HINT: this likely "
+        return BadRequest("We could not parse the JSON body of your request. (HINT: this likely "
                               "means you aren't using your HTTP library correctly. The request body "
                               "must be a JSON object.)")
     if first.get("type") == "json_invalid":
-        return InvalidRequest(f"We could not parse the JSON body of your request: {first.get('msg')}")
+        return BadRequest(f"We could not parse the JSON body of your request: {first.get('msg')}")
     param = ".".join(loc) or None
     if first.get("type") == "extra_forbidden":
-        return InvalidRequest(f"Unrecognized request argument supplied: {param}", param=param)
+        return BadRequest(f"Unrecognized request argument supplied: {param}", param=param)
     if first.get("type") == "missing" and param is None:
-        return InvalidRequest("The request body is empty; it must be a JSON object.")
+        return BadRequest("The request body is empty; it must be a JSON object.")
     if first.get("type") == "missing":
-        return InvalidRequest(f"Missing required parameter: '{param}'.", param=param)
+        return BadRequest(f"Missing required parameter: '{param}'.", param=param)
     message = str(first.get("msg", "invalid value"))
     message = message.removeprefix("Value error, ")
-    return InvalidRequest(f"Invalid value for '{param}': {message}" if param else message, param=param)
+    return BadRequest(f"Invalid value for '{param}': {message}" if param else message, param=param)

@@ -1,4 +1,4 @@
-"""Engine output -> OpenAI response bodies and SSE chunk streams (pure functions and small async
+"""GenerationPool output -> OpenAI response bodies and SSE chunk streams (pure functions and small async
 generators; the handlers in app.py only pick one)."""
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from edge.config import DaemonConfig, EdgeConfig
 from edge.daemon.app import create_app
-from edge.daemon.engine import Engine
+from edge.daemon.engine import GenerationPool
 from edge.daemon.metrics import DaemonMetrics
 from edge.link import call_metadata, make_channel
 from edge.link.monitor import start_monitor
@@ -30,7 +30,7 @@ from tandem.config import ConfigError
 log = logging.getLogger(__name__)
 
 
-def load_engine(config: EdgeConfig, registry: CollectorRegistry | None = None) -> Engine:
+def load_engine(config: EdgeConfig, registry: CollectorRegistry | None = None) -> GenerationPool:
     """Load pool_size draft runtimes, the tokenizer and the channel named by `config`."""
     tokenizer = EdgeTokenizer(config.draft.resolved_tokenizer_dir)
     runtimes = []
@@ -49,7 +49,7 @@ def load_engine(config: EdgeConfig, registry: CollectorRegistry | None = None) -
             runtime.close()
         raise
     channel = make_channel(config.cloud)
-    return Engine(config=config.daemon, client_config=config.client, channel=channel,
+    return GenerationPool(config=config.daemon, client_config=config.client, channel=channel,
                   runtimes=runtimes, tokenizer=tokenizer,
                   monitor=start_monitor(config, channel, runtimes[0].fingerprint()),
                   metrics=DaemonMetrics(registry if registry is not None else CollectorRegistry(),
@@ -61,7 +61,7 @@ def load_engine(config: EdgeConfig, registry: CollectorRegistry | None = None) -
 class _Server(uvicorn.Server):
     """uvicorn's server, logging one line once it listens (with the port really bound)."""
 
-    def __init__(self, config: uvicorn.Config, engine: Engine, verifier: str) -> None:
+    def __init__(self, config: uvicorn.Config, engine: GenerationPool, verifier: str) -> None:
         super().__init__(config)
         self._engine = engine
         self._verifier = verifier
@@ -78,7 +78,7 @@ class _Server(uvicorn.Server):
             "API key required" if daemon.api_key else "no API key")
 
 
-def _uvicorn(engine: Engine, host: str, port: int, verifier: str = "?") -> uvicorn.Server:
+def _uvicorn(engine: GenerationPool, host: str, port: int, verifier: str = "?") -> uvicorn.Server:
     # uvicorn's own access log is off: app._AccessLog writes one line with the token count.
     level = "debug" if engine.config.log_level == "trace" else engine.config.log_level
     return _Server(uvicorn.Config(create_app(engine), host=host, port=port, log_level=level,
@@ -146,7 +146,7 @@ def serve(config: EdgeConfig) -> None:
 class DaemonThread:
     """The daemon's HTTP server in a background thread on `host:port` (0 = a free port)."""
 
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, engine: GenerationPool, host: str = "127.0.0.1", port: int = 0) -> None:
         self.engine = engine
         self._server = _uvicorn(engine, host, port)
         self._thread = threading.Thread(target=self._server.run, name="tandem-daemon", daemon=True)
