@@ -14,9 +14,10 @@ from bench.bench.channels import held_out_profile, offsets_of, trace_pair
 from bench.bench.config import ALL_CONFIGURATIONS, BenchConfig, DeviceSpec, fixed_k, load_device
 from bench.bench.device import ThrottledDraft, joules
 from bench.bench.oracle import CloudOnly, OraclePolicy, match_runs
-from bench.bench.results import (ROW_FIELDS, GenerationSummary, Interval, Units, agreement, bootstrap,
-                                 bootstrap_ratio, format_goals, format_table, goals, overall,
-                                 rows_of, summarize, verdict, versus_one)
+from bench.bench.goals import Units, goals, overall
+from bench.bench.report import format_goals, format_table
+from bench.bench.results import ROW_FIELDS, GenerationSummary, agreement, rows_of, summarize
+from bench.bench.stats import Interval, bootstrap, bootstrap_ratio, verdict, versus_one
 from bench.channel import load_profile
 from edge.config import DeviceProfile
 from edge.control.policy import RoundView

@@ -129,7 +129,8 @@ def _read_generations(path: Path) -> list:
 
 
 def _print(result, args: argparse.Namespace) -> int:
-    from bench.bench.results import details_of, format_goals, format_table
+    from bench.bench.report import format_goals, format_table
+    from bench.bench.results import details_of
 
     print(format_table(result.rows))
     print("\ngoals (measured in this run):")

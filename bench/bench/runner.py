@@ -4,7 +4,7 @@ Per cell (device, channel: bench/bench/cell.py) the units run in turn, a unit be
 trace offset), and for each unit every configuration, each with the channel rewound to the
 unit's offset (the same stretch of the trace, the same jitter and loss draws), so that all
 configurations of a unit meet the same link and a drift of this shared machine's load hits them
-alike; the goal ratios are then paired per unit (bench/bench/results.py). Cells run one after
+alike; the goal ratios are then paired per unit (bench/bench/goals.py). Cells run one after
 the other in this process, or in several processes at once (bench/bench/workers.py,
 `--workers`). edge-only runs the draft alone (no verifier); cloud-only asks the verifier to
 generate (Plan.cloud_generate); the oracle drafts exactly the accepted length known in advance
@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from bench.bench.cell import CellBench, build_policy, cells_of, client_config, edge_config_of
 from bench.bench.config import BenchConfig, DeviceSpec
-from bench.bench.results import GenerationSummary, BenchRow, details_of, goals, rows_of
+from bench.bench.goals import goals
+from bench.bench.results import BenchRow, GenerationSummary, details_of, rows_of
 from bench.bench.workers import run_in_workers
 from bench.channel import ChannelProfile
 from edge.config import ClientConfig
@@ -108,7 +109,7 @@ def report(result: BenchResult, config: BenchConfig, channels: Sequence[ChannelP
     """Rows, goals, JSON and plots from result.generations: after a run, or from the
     generations file of an earlier (or stopped) one."""
     from bench.bench.plots import write_plots
-    from bench.bench.results import write_json
+    from bench.bench.report import write_json
 
     # cells in the order of the flags (workers finish them in any order): device, then channel
     order = {(p.name, d.name): i for i, (d, p) in enumerate((d, p) for d in devices for p in channels)}
