@@ -23,7 +23,7 @@ from verifier_harness import edge_tokenizer, reference, start_verifier, target_r
 
 from bench.cli import main as loadgen_main
 from edge.config import ClientConfig, CloudLinkConfig, DaemonConfig, EdgeConfig
-from edge.daemon.engine import chat_prompt
+from edge.daemon.jobs import chat_prompt
 from edge.daemon.openai_schema import ChatMessageIn
 from edge.daemon.server import DaemonThread, load_engine
 from edge.runtime import DraftConfig

@@ -1,6 +1,6 @@
 """The shape of the code, checked: no import circle among the project's modules, no class in
-the edge's round loop over ~150 lines (shared/DESIGN.md, "The round loop, next step"), and no
-class name defined twice (one name, one idea).
+the edge's round loop over ~150 lines (shared/DESIGN.md, "The round loop, next step"), no
+class name defined twice (one name, one idea), and no file over 450 lines (one job each).
 
 The import graph is read from the source with `ast` (nothing is imported): every `import` and
 `from ... import` counts, at module level, inside functions and under `if TYPE_CHECKING:` alike
@@ -166,3 +166,21 @@ def test_the_twin_finder_finds_a_twin(tmp_path):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(source)
     assert class_twins(tmp_path) == {"Row": ["edge/a.py:1", "bench/b.py:2"]}
+
+
+# One job per file: none over MAX_FILE_LINES but the schema-only modules (field after field of
+# typed config or API shapes, which only grow with what they describe).
+SIZED = ("edge", "cloud", "bench")
+MAX_FILE_LINES = 450
+SCHEMA_ONLY = ("edge/daemon/openai_schema.py", "edge/config.py", "cloud/config.py")
+
+
+def test_no_file_over_450_lines_but_the_schemas():
+    too_long = []
+    for package in SIZED:
+        for file in sorted((ROOT / package).rglob("*.py")):
+            relative = file.relative_to(ROOT).as_posix()
+            lines = len(file.read_text().splitlines())
+            if lines > MAX_FILE_LINES and relative not in SCHEMA_ONLY:
+                too_long.append(f"{relative} ({lines} lines)")
+    assert not too_long, too_long

@@ -33,7 +33,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edge.daemon.engine import GenerationPool
+from edge.daemon.pool import GenerationPool
 from edge.daemon.errors import (ApiError, BadRequest, BodyTooLarge, MethodNotAllowed,
                                 RouteNotFound, Unauthorized, from_validation_errors)
 from edge.daemon.metrics import DaemonMetrics
@@ -136,17 +136,17 @@ def create_app(engine: GenerationPool) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse(engine.models().model_dump())
+        return JSONResponse(engine.jobs.models().model_dump())
 
     @app.get("/v1/models/{model_id}")
     async def model(model_id: str) -> JSONResponse:
-        engine.check_model(model_id)
-        return JSONResponse(engine.model_card().model_dump())
+        engine.jobs.check_model(model_id)
+        return JSONResponse(engine.jobs.model_card().model_dump())
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> JSONResponse:
         if req.model is not None:
-            engine.check_model(req.model)
+            engine.jobs.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise BadRequest("send either `prompt` or `messages`", param="prompt")
         if _surrogate_path(req.prompt) is not None:
@@ -158,16 +158,16 @@ def create_app(engine: GenerationPool) -> FastAPI:
             except ValidationError as exc:  # e.g. an empty list: a 400, as for chat requests
                 raise BadRequest(f"messages: {exc.errors()[0]['msg']}",
                                      param="messages") from exc
-            ids = list((await run_in_threadpool(engine.chat_job, chat)).prompt_ids)
+            ids = list((await run_in_threadpool(engine.jobs.chat_job, chat)).prompt_ids)
         else:
             ids = await run_in_threadpool(engine.tokenizer.encode, req.prompt)
-        return JSONResponse({"count": len(ids), "max_model_len": engine.context_limit,
+        return JSONResponse({"count": len(ids), "max_model_len": engine.jobs.context_limit,
                              "tokens": ids})
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> JSONResponse:
         if req.model is not None:
-            engine.check_model(req.model)
+            engine.jobs.check_model(req.model)
         vocab = engine.tokenizer.vocab_size
         bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
         if bad is not None:
@@ -179,9 +179,9 @@ def create_app(engine: GenerationPool) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         check_fields(req, "/v1/completions")
-        engine.check_model(req.model)
+        engine.jobs.check_model(req.model)
         # Tokenizing can take a while for long prompts: off the event loop.
-        jobs = [await run_in_threadpool(engine.completion_job, req, prompt)
+        jobs = [await run_in_threadpool(engine.jobs.completion_job, req, prompt)
                 for prompt in req.prompts]
         echoes = [text if req.echo else "" for _, text in jobs]
         if req.stream:
@@ -200,8 +200,8 @@ def create_app(engine: GenerationPool) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         check_fields(req, "/v1/chat/completions")
-        engine.check_model(req.model)
-        job = await run_in_threadpool(engine.chat_job, req)
+        engine.jobs.check_model(req.model)
+        job = await run_in_threadpool(engine.jobs.chat_job, req)
         if req.stream:
             events = chat_events(engine.stream(job), req.model, req.include_usage_chunk,
                                  on_done=lambda n: _note_tokens(request, n),

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from edge.daemon import sse
-from edge.daemon.engine import GenerationOutput, TextDelta, TextStream
+from edge.daemon.output import GenerationOutput, TextDelta, TextStream
 from edge.daemon.errors import ApiError
 from edge.daemon.openai_schema import (
     ChatChoice,

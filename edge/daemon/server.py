@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from edge.config import DaemonConfig, EdgeConfig
 from edge.daemon.app import create_app
-from edge.daemon.engine import GenerationPool
+from edge.daemon.pool import GenerationPool
 from edge.daemon.metrics import DaemonMetrics
 from edge.link import call_metadata, make_channel
 from edge.link.monitor import start_monitor
