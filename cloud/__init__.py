@@ -1,3 +1,3 @@
 """The cloud verifier: target runtime (runtime/), verification (verify.py), batching
-(batcher.py), sessions and memory budget (sessions.py), the engine that ties them (engine.py)
+(batcher.py), sessions and memory budget (sessions.py), the Verifier that ties them (engine.py)
 and the thin gRPC service (service.py, auth.py) with its CLI (cli.py). Never imports `edge`."""

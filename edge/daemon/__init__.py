@@ -7,9 +7,11 @@ channel to the verifier open, and serves an OpenAI-compatible HTTP API over the 
   stop.py           stop-string matching over streamed text
   sse.py            server-sent-event framing
   metrics.py        Prometheus metrics on a registry passed in
-  engine.py         the plain class that runs generations (pool of draft runtimes, worker threads)
-  responses.py      engine output -> OpenAI bodies and SSE chunk streams
-  app.py            the FastAPI app: thin handlers over the engine
+  jobs.py           API request -> GenerationJob (validated against the daemon's limits)
+  pool.py           GenerationPool: runs jobs (pool of draft runtimes, worker threads), link state
+  output.py         a generation's text as it forms (detokenizer, stop strings) and its output
+  responses.py      generation output -> OpenAI bodies and SSE chunk streams
+  app.py            the FastAPI app: thin handlers over the pool
   server.py         uvicorn in the foreground (signals) or in a thread (tests, simulation)
   command.py        the `tandem-edge serve` subcommand (registered by edge/cli.py)
 """
