@@ -227,11 +227,13 @@ class ClientConfig(Settings):
         "client's rounds) and maximises speed within it; below what the draft's acceptance "
         "allows (~1 / the longest expected accepted run) it spends the fewest passes it can. "
         "None = no cap: speed alone (cloud-generates costs one pass per token)")
-    min_tokens_per_s: float = Field(10.0, ge=0, le=100_000, description=(
+    min_tokens_per_s: float = Field(15.0, ge=0, le=100_000, description=(
         "the speed floor the adaptive controller keeps to while a loaded verifier prices its "
         "passes (edge/control/pricing.py): it spends fewer passes per token only among options "
         "expected this fast (the fastest when none is); at price 0 speed alone decides. "
-        "10 = a TPOT of 100 ms; a request may set its own (min_tokens_per_s)"))
+        "An expected speed, so it keeps a margin over the SLO: 15 (a mean TPOT of 67 ms) "
+        "keeps the p90 within a TPOT SLO of 100 ms where 10 would leave about half the "
+        "requests over it; a request may set its own (min_tokens_per_s)"))
     adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
     device: DeviceProfile = Field(default_factory=DeviceProfile)
     entropy: EntropySwitchConfig = Field(default_factory=EntropySwitchConfig)

@@ -177,7 +177,7 @@ def slow_device_daemon(dear_link, gguf_path, draft_dir):
 
 
 def test_a_request_states_its_own_floor(slow_device_daemon, prompt_ids, reference):
-    """`min_tokens_per_s` in the request body (extra_body): with the client's floor of 10 the
+    """`min_tokens_per_s` in the request body (extra_body): with the client's floor of 15 the
     slow device cannot speculate fast enough and the cloud generates despite the price; a
     request asking for 0 tok/s lets the price decide, and every round is a drafted block.
     Both outputs are the target's."""

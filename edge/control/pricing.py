@@ -41,9 +41,11 @@ PRICE_WEIGHT = 8.0    # the exponent at price 1: a 10% cheaper option wins unles
                       # unless the cloud is 2^8 = 256x faster: about "the cheapest that meets
                       # the floor"; at price 0.25 the cloud must be 4x faster than speculating
                       # at half its cost (phone on lte: cloud runs 70-80 tok/s, speculation 15-23)
-POSITION_COST = 0.1   # a pass's cost grows by this share of a 1-token step per drafted position:
-                      # this CPU (compute-bound) ~0.18 ([64, 5] ~ 1.7x [64, 1]), a GPU ~0
-                      # (memory-bound); between them, so a long block is not taken as free
+POSITION_COST = 0.15  # a pass's cost grows by this share of a 1-token step per drafted position:
+                      # measured on this CPU with the shipped target, 300-token contexts, one
+                      # core: [64, 5] 1.59x and [64, 9] 2.17x a [64, 1] step (0.15 a position;
+                      # [32, 5] 1.39x); a GPU ~0 (memory-bound). Too low a cost makes the priced
+                      # controller draft long blocks whose passes cost more than they save
 PRICE_JITTER = 0.3    # each controller's exponent is scaled by a draw in 1 -/+ this
 STAY_BONUS = 1.1      # the kind of round running now wins ties within this factor
 
