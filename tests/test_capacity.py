@@ -99,6 +99,7 @@ def test_a_point_counts_errors_as_not_good_and_reads_server_cost_per_token():
     row = summarize("lte", "phone", "adaptive", 3, samples, reading, 1.0, 0.1, (0.05,))
     assert row.good_share == 0.5 and row.errors == 1 and row.requests == 4
     assert row.good_share_by_tpot == {"0.1": 0.5, "0.05": 0.0}
+    assert row.good_share_high_by_tpot["0.05"] == 0.0 and row.good_share_high_by_tpot["0.1"] > 0.5
     assert row.batched_passes_per_token == 0.25 and row.verifier_cpu_s_per_token == 0.05
     assert row.verifier_busy == 0.2 and row.emulator_saturated  # 95% of its one core
     assert row.other_cpu_share is None and not row.contended
@@ -110,10 +111,12 @@ def _row(users, share):
     return summarize("c", "d", "x", users, samples, reading, 1.0, 0.1, ())
 
 
-def test_capacity_is_the_last_user_count_before_the_first_miss():
-    rows = [_row(1, 1.0), _row(2, 1.0), _row(4, 0.9), _row(8, 0.5), _row(16, 1.0)]
+def test_capacity_is_the_last_user_count_before_the_first_clear_miss():
+    rows = [_row(1, 1.0), _row(2, 1.0), _row(4, 0.9), _row(8, 0.3), _row(16, 1.0)]
     assert capacity_of(rows, 0.1) == 4
-    assert capacity_of([_row(1, 0.8), _row(2, 1.0)], 0.1) == 0
+    assert capacity_of([_row(1, 0.2), _row(2, 1.0)], 0.1) == 0
+    # 8 of 10 good: under 0.9 but its interval reaches it; it neither counts nor ends the run
+    assert capacity_of([_row(1, 0.8), _row(2, 1.0), _row(4, 0.1)], 0.1) == 2
 
 
 def test_capacity_smoke_sweeps_users_against_a_pinned_verifier(tmp_path):

@@ -4,9 +4,11 @@ GuideLLM definitions, ../shared/ANCHORS.md):
 - TTFT: request sent -> first token; TPOT = (E2E - TTFT) / (tokens - 1) (tandem.metrics.tpot).
 - A request is good when it completed and meets every SLO (TTFT and TPOT); the point's good
   share is good / requests started in the window (errors and unfinished count as not good).
-- Capacity at a TPOT SLO: the largest user count N of the sweep, below the first N whose good
-  share is under `GOOD_SHARE` (0.9), i.e. the last N of the unbroken run that meets it; 0 when
-  even one user misses it.
+- Capacity at a TPOT SLO: the largest user count N of the sweep whose good share is at least
+  `GOOD_SHARE` (0.9), below the first N that clearly misses it (the 95% bootstrap interval of its
+  good share lies wholly under 0.9); 0 when none meets it. A point under 0.9 whose interval
+  still reaches it (a handful of requests at small N on a trace whose fades alone fail ~5% of
+  requests) neither counts nor ends the run.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ class PointRow:
     good_share_low: float               # 95% bootstrap interval of good_share over requests
     good_share_high: float
     good_share_by_tpot: dict[str, float]  # TPOT SLO (s, as text) -> good share
+    good_share_high_by_tpot: dict[str, float]  # -> the upper end of its 95% interval
     ttft_p50_s: float | None
     ttft_p90_s: float | None
     ttft_p99_s: float | None
@@ -111,8 +114,10 @@ def summarize(channel: str, device: str, config: str, users: int, samples: Seque
     ok = [s for s in samples if s.ok]
     good = [is_good(s, slo_ttft_s, slo_tpot_s) for s in samples]
     low, high = bootstrap_share(good)
-    by_tpot = {f"{t:g}": (sum(is_good(s, slo_ttft_s, t) for s in samples) / len(samples)
-                          if samples else 0.0) for t in (slo_tpot_s, *extra_tpot_slos)}
+    flags_by_tpot = {f"{t:g}": [is_good(s, slo_ttft_s, t) for s in samples]
+                     for t in (slo_tpot_s, *extra_tpot_slos)}
+    by_tpot = {t: sum(f) / len(f) if f else 0.0 for t, f in flags_by_tpot.items()}
+    high_by_tpot = {t: bootstrap_share(f)[1] for t, f in flags_by_tpot.items()}
     ttfts = [s.ttft_s for s in ok if s.ttft_s is not None]
     tpots = [t for s in ok if (t := tpot_of(s)) is not None]
     per_user: dict[int, list[Sample]] = {}
@@ -131,6 +136,7 @@ def summarize(channel: str, device: str, config: str, users: int, samples: Seque
         channel=channel, device=device, config=config, users=users, requests=len(samples),
         good_share=sum(good) / len(samples) if samples else 0.0,
         good_share_low=low, good_share_high=high, good_share_by_tpot=by_tpot,
+        good_share_high_by_tpot=high_by_tpot,
         ttft_p50_s=percentile(ttfts, 50), ttft_p90_s=percentile(ttfts, 90),
         ttft_p99_s=percentile(ttfts, 99),
         tpot_p50_s=percentile(tpots, 50), tpot_p90_s=percentile(tpots, 90),
@@ -172,11 +178,17 @@ class Capacity:
     contended: bool                     # a row of the sweep shared the machine with others
 
 
+def clearly_misses(row: PointRow, tpot_slo_s: float) -> bool:
+    """The point's good share is under GOOD_SHARE beyond doubt (its 95% interval is)."""
+    return row.good_share_high_by_tpot.get(f"{tpot_slo_s:g}", 0.0) < GOOD_SHARE
+
+
 def capacity_of(rows: Sequence[PointRow], tpot_slo_s: float) -> int:
-    """Largest N of the unbroken run from the smallest N that has >= GOOD_SHARE good requests."""
+    """Largest N with >= GOOD_SHARE good requests below the first N that clearly misses it."""
     best = 0
     for row in sorted(rows, key=lambda r: r.users):
-        if row.good_share_by_tpot.get(f"{tpot_slo_s:g}", 0.0) < GOOD_SHARE:
+        if row.good_share_by_tpot.get(f"{tpot_slo_s:g}", 0.0) >= GOOD_SHARE:
+            best = row.users
+        elif clearly_misses(row, tpot_slo_s):
             break
-        best = row.users
     return best

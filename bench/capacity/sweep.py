@@ -28,7 +28,7 @@ from bench.capacity.links import LinkFarm, user_offset
 from bench.capacity.replay import ReplayDraft, ReplayTable
 from bench.capacity.servers import (ServerGroup, cpu_seconds, machine_busy_seconds, pin_self,
                                     server_core_split, start_verifier, start_vllm)
-from bench.capacity.stats import GOOD_SHARE, PointRow, ServerReading, summarize
+from bench.capacity.stats import PointRow, ServerReading, clearly_misses, summarize
 from bench.capacity.users import Sample, Window, run_openai_user, run_tandem_user
 from bench.channel import ChannelProfile
 from bench.workload import load_prompts
@@ -47,6 +47,7 @@ CLOUD_SETS = {"adaptive-unpriced": ("batch.target_queue_ms=60000",)}
 # Each configuration's edge policy (bench.bench.cell.client_config reads "adaptive*" names).
 POLICY_OF = {"adaptive-unpriced": "adaptive"}
 JOIN_GRACE_S = 30.0
+SMALL_N = 4   # points with fewer users measure for window_s * SMALL_N / N
 
 
 @dataclass
@@ -159,8 +160,9 @@ def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, prof
     from edge.config import EdgeConfig
 
     t0 = time.monotonic()
-    window = Window(t0 + options.warmup_s, t0 + options.warmup_s + options.window_s,
-                    t0 + options.warmup_s + options.window_s + options.drain_s, options.think_s)
+    window_s = window_for(options, users)
+    window = Window(t0 + options.warmup_s, t0 + options.warmup_s + window_s,
+                    t0 + options.warmup_s + window_s + options.drain_s, options.think_s)
     samples: list[Sample] = []
     lock = threading.Lock()
     stop = threading.Event()
@@ -208,9 +210,15 @@ def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, prof
         for channel in channels:
             channel.close()
     measured = [s for s in samples if window.measure_from <= s.started < window.measure_until]
-    reading = _reading(readings, counter.value, options.window_s, driver_cores)
+    reading = _reading(readings, counter.value, window_s, driver_cores)
     return summarize(profile.name, device.name, name, users, measured, reading, options.slo_ttft_s,
                      options.slo_tpot_s, options.extra_tpot_slos), measured
+
+
+def window_for(options: CapacityOptions, users: int) -> float:
+    """A point's measuring window: --window-s, longer for fewer than SMALL_N users so that a
+    point has about as many requests (and trace seconds per user) as one with SMALL_N."""
+    return options.window_s * max(1.0, SMALL_N / users)
 
 
 def cpu_seconds_self() -> float | None:
@@ -291,7 +299,7 @@ def sweep_config(options: CapacityOptions, bench: BenchConfig, shared: Shared, p
         last_pass = 0
         for users in counts:
             row = measure(users)
-            if row.good_share < GOOD_SHARE and not options.every_count:
+            if clearly_misses(row, options.slo_tpot_s) and not options.every_count:
                 middle = (last_pass + users) // 2
                 if options.refine and last_pass and last_pass < middle < users:
                     measure(middle)
