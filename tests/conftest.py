@@ -16,6 +16,15 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """`pytest -m unit` reads only the test files that mark tests `unit`: importing the others
+    (their fixtures load models, start servers) would take longer than the unit tests run."""
+    if (config.getoption("markexpr") != "unit" or collection_path.suffix != ".py"
+            or not collection_path.name.startswith("test_")):
+        return None
+    return True if "pytest.mark.unit" not in collection_path.read_text() else None
+
+
 def _family() -> dict[str, Path]:
     if os.environ.get("TANDEM_TEST_MODELS") == "dev":
         target, draft = MODELS / ".cache/dev-target", MODELS / ".cache/dev-draft"

@@ -24,6 +24,8 @@ from edge.control.policy import RoundView
 from edge.runtime.base import DraftRuntime
 from tandem.config import ConfigError, load_config
 
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -19,6 +19,8 @@ from tandem import metrics
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb
 
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
 torch.set_num_threads(1)
 
 

@@ -11,6 +11,8 @@ from cloud.config import CloudConfig
 from edge.config import EdgeConfig
 from tandem.config import ConfigError, load_config
 
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -19,6 +19,8 @@ from edge.control.costs import PREFILL_SPIKE_CAP
 from edge.control.options import CLOUD_SETTLED_RUN_S, EXPLORE_EVIDENCE, STALE_EVIDENCE_TOKENS
 from edge.rounds import RoundRecord
 
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
 
 @dataclass
 class Link:

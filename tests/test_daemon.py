@@ -28,6 +28,8 @@ from edge.daemon.openai_schema import ChatMessageIn
 from edge.daemon.server import DaemonThread, load_engine
 from edge.runtime import DraftConfig
 
+pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end
+
 torch.set_num_threads(1)
 
 MODEL = "tandem-draft"

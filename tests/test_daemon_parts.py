@@ -18,6 +18,8 @@ from edge.daemon.metrics import DaemonMetrics
 from edge.daemon.openai_schema import ChatCompletionRequest, CompletionRequest, CompletionResponse
 from edge.daemon.stop import StopMatcher
 
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
 TOKENIZER = Path(__file__).resolve().parents[1] / "models/tokenizer/tokenizer.json"
 
 

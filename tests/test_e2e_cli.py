@@ -22,6 +22,8 @@ from edge.client import GenerationRequest, VerifierRefused
 from edge.config import CloudLinkConfig
 from edge.link import call_metadata, make_channel
 
+pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end
+
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 from verifier_harness import channel_to, client_for, open_draft, start_verifier
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
@@ -15,6 +16,8 @@ from edge.config import ClientConfig
 from edge.control.policy import Plan, RoundView
 from edge.rounds import RoundRecord
 from tandem.sampling import SamplingParams
+
+pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end
 
 torch.set_num_threads(1)
 

@@ -14,6 +14,8 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
 
 from edge.client import CloudUnavailable, GenerationRequest
 
+pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end
+
 torch.set_num_threads(1)
 
 FAST_GIVE_UP = dict(max_retries=2, retry_initial_backoff_s=0.02, retry_max_backoff_s=0.05,

@@ -28,6 +28,8 @@ from tandem.sampling import SamplingParams, warp
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end
+
 torch.set_num_threads(1)
 
 NEW_TOKENS = 48

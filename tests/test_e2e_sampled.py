@@ -12,6 +12,8 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
 from edge.client import GenerationRequest
 from tandem.sampling import SamplingParams
 
+pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end
+
 torch.set_num_threads(1)
 
 NEW_TOKENS = 32

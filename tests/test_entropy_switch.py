@@ -12,6 +12,8 @@ from edge.control.entropy import EntropySwitch
 from edge.control.policy import RoundView, make_policy
 from edge.rounds import RoundRecord
 
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
 LADDER = ("draft", "small")
 
 

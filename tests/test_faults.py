@@ -42,6 +42,8 @@ from edge.link import make_channel
 from edge.link.monitor import LinkMonitor
 from tandem.v1 import decoding_pb2 as pb
 
+pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end
+
 ROOT = Path(__file__).resolve().parents[1]
 DEADLINE_S = 1.0        # ClientConfig.deadline_floor_s: a verdict is late (probing starts)
 STALL_S = 1.5           # ClientConfig.stall_timeout_s: no answer on the stream or to a probe

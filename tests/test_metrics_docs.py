@@ -8,9 +8,12 @@ import re
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
+import pytest
 
 from cloud.metrics import VerifierMetrics
 from edge.daemon.metrics import DaemonMetrics
+
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
 
 ROOT = Path(__file__).resolve().parents[1]
 

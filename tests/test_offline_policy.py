@@ -11,6 +11,8 @@ from edge.link.offline import BreakerState, CircuitBreaker, OfflineSettings, Rtt
 from edge.link_state import LinkState
 from tandem.v1 import decoding_pb2 as pb
 
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
 
 class FakeClock:
     def __init__(self) -> None:

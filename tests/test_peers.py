@@ -10,6 +10,8 @@ from edge.control.peers import (HFHeuristic, HFHeuristicConfig, LlamaCppConfig, 
 from edge.control.policy import RoundView, make_policy
 from edge.rounds import RoundRecord
 
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
 
 def view(max_k: int = 64, round_: int = 0) -> RoundView:
     return RoundView(round=round_, generated=0, remaining=1000, max_k=max_k, link_state="up",

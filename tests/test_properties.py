@@ -29,6 +29,8 @@ from cloud.verify import sample_inverse_cdf, verify_greedy, verify_sampled_with_
 from tandem.codec import InvalidDistribution, SparseDist, from_proto, quantize, to_proto
 from tandem.v1 import decoding_pb2 as pb
 
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
 PROFILE = settings(max_examples=200, deadline=None, derandomize=True,
                    suppress_health_check=[HealthCheck.too_slow])
 

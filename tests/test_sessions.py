@@ -10,6 +10,8 @@ from cloud.runtime.kv import KVPool, KVState
 from cloud.sessions import Session, SessionTable
 from tandem.sampling import SamplingParams
 
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
 POOL = KVPool(torch.device("cpu"), max_capacity=64)  # never used by a pass here
 
 

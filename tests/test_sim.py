@@ -12,6 +12,8 @@ from bench.cli import main
 from bench.report import COLUMNS, format_table, summarize
 from bench.workload import RequestRecord
 
+pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end
+
 torch.set_num_threads(1)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -13,6 +13,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("tandem", "edge", "cloud", "bench")
 

@@ -12,6 +12,8 @@ from cloud.verify import RoundCheck, verify_round
 from cloud.verify_batch import verify_greedy_batch, verify_rounds, verify_sampled_batch
 from tandem.sampling import SamplingParams, warp
 
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
 VOCAB = 64
 
 
