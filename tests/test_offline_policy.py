@@ -6,8 +6,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from edge.link.breaker import BreakerState, CircuitBreaker
+from edge.link.deadlines import LinkTimings, RttEstimator
 from edge.link.errors import FailureKind, IdentityMismatch, check_identity, classify
-from edge.link.offline import BreakerState, CircuitBreaker, OfflineSettings, RttEstimator
 from edge.link_state import LinkState
 from tandem.v1 import decoding_pb2 as pb
 
@@ -22,9 +23,9 @@ class FakeClock:
         return self.now
 
 
-SETTINGS = OfflineSettings(deadline_floor_s=0.2, deadline_ceiling_s=8.0, deadline_margin=2.0,
-                           open_deadline_s=5.0, probe_interval_s=0.25, max_probe_interval_s=1.0,
-                           probe_tokens=16)
+SETTINGS = LinkTimings(deadline_floor_s=0.2, deadline_ceiling_s=8.0, deadline_margin=2.0,
+                       open_deadline_s=5.0, probe_interval_s=0.25, max_probe_interval_s=1.0,
+                       probe_tokens=16)
 
 
 def test_deadline_follows_the_measured_link_and_the_servers_time():

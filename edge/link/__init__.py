@@ -6,7 +6,9 @@
                 class of the client
   verifier.py   VerifierLink: one generation's session (open, send, await, byte counts)
   wait.py       the WaitRule of every wait on the verifier (late is not down)
-  offline.py    the offline policy: deadlines, circuit breaker, the request's offline mode
+  deadlines.py  the RTT estimator and the late deadline every online wait uses
+  breaker.py    the circuit breaker that declares the verifier away and paces probes
+  offline.py    the offline policy: the request's offline mode over the two above
   reconnect.py  opening with retries and backoff, and what an unreachable verifier means for
                 the request (its offline mode)
   monitor.py    the background link monitor (is the verifier there?)

@@ -25,7 +25,7 @@ class WaitRule:
     pipelined round) or a generated token (cloud-generates round).
 
     - Late is not down. Past `late_s` (the caller's, from the measured RTT and the verifier's
-      reported time: edge/link/offline.py) the reply is late: the link starts asking the
+      reported time: edge/link/deadlines.py) the reply is late: the link starts asking the
       verifier for Info on the same channel every `probe_every_s`, and keeps waiting. A late
       reply is used like any other; slowness alone never makes a generation go local.
     - Down only on transport evidence: the call fails (connect failure, reset, an HTTP/2
