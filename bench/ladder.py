@@ -59,7 +59,7 @@ from cloud.service import create_server
 from edge.client import EdgeClient, GenerationRequest
 from edge.config import DEFAULT_DRAFTER, ClientConfig, EdgeConfig, resolve_paths
 from edge.link import make_channel
-from edge.rounds import GenerationResult
+from edge.record import GenerationResult
 from edge.runtime import DraftConfig, load_draft_runtime
 from edge.runtime.base import DraftRuntime
 from edge.tokenizer import EdgeTokenizer

@@ -29,11 +29,11 @@ from edge.drafting import DraftCursor
 from edge.fast_calibration import FastCalibration
 from edge.generation import Generation
 from edge.link import VerifierLink, check_verdict
-from edge.link.monitor import LinkMonitor
-from edge.link.offline import OfflineControl, OfflineMode
 from edge.link.errors import (ClientError, CloudUnavailable, ProtocolError,
                               VerifierMisconfigured, VerifierRefused, VerifierUnavailable)
-from edge.rounds import GenerationResult, RoundRecord
+from edge.link.monitor import LinkMonitor
+from edge.link.offline import OfflineControl, OfflineMode
+from edge.record import GenerationResult, RoundRecord
 from edge.runtime.base import DraftRuntime
 from edge.state import OnRound, OnTokens, truncate
 from tandem.qcodec import codec_for

@@ -31,7 +31,7 @@ from edge.link import VerifierLink
 from edge.link.errors import Stopped
 from edge.link.offline import OfflineControl
 from edge.link.reconnect import Reconnect
-from edge.rounds import GenerationResult
+from edge.record import GenerationResult
 from edge.rounds.cloud import CloudRound
 from edge.rounds.context import RoundContext
 from edge.rounds.local import LocalRound

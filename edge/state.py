@@ -17,7 +17,7 @@ from edge.drafting import Block
 from edge.fast_mode import FastModeGate
 from edge.link.errors import Stopped
 from edge.link_state import LinkState
-from edge.rounds import GenerationResult, RoundRecord
+from edge.record import GenerationResult, RoundRecord
 from tandem.v1 import decoding_pb2 as pb
 
 # on_tokens(ids, verified) -> False stops the generation (None or True go on).

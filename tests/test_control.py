@@ -17,7 +17,7 @@ from edge.control.adaptive import CLOUD_FAILED_RETRY_ROUNDS, CLOUD_RETRY_ROUNDS,
 from edge.control.channel import ChannelEstimator
 from edge.control.costs import PREFILL_SPIKE_CAP
 from edge.control.options import CLOUD_SETTLED_RUN_S, EXPLORE_EVIDENCE, STALE_EVIDENCE_TOKENS
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
 

@@ -14,7 +14,7 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
 from edge.client import EdgeClient, GenerationRequest
 from edge.config import ClientConfig
 from edge.control.policy import Plan, RoundView
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 from tandem.sampling import SamplingParams
 
 pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end

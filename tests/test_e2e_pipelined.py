@@ -23,7 +23,7 @@ from edge.client import EdgeClient, GenerationRequest
 from edge.config import ClientConfig, DeviceProfile
 from edge.control.adaptive import AdaptivePolicy
 from edge.control.policy import FixedK, Plan, RoundView
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 from tandem.sampling import SamplingParams, warp
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from edge.config import ClientConfig, EntropySwitchConfig
 from edge.control.entropy import EntropySwitch
 from edge.control.policy import RoundView, make_policy
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
 

@@ -8,7 +8,7 @@ from edge.config import ClientConfig
 from edge.control.peers import (HFHeuristic, HFHeuristicConfig, LlamaCppConfig, LlamaCppPMin,
                                 SGLangEMA, SGLangEMAConfig, roc_threshold)
 from edge.control.policy import RoundView, make_policy
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
 

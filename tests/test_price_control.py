@@ -17,7 +17,7 @@ from edge.control.options import Option
 from edge.control.policy import RoundView
 from edge.control.pricing import (POSITION_COST, PRICE_JITTER, STAY_BONUS, PriceResponse, pass_cost, priced,
                                   staying)
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
 

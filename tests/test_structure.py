@@ -26,7 +26,7 @@ KNOWN_CIRCLES: set[tuple[str, ...]] = set()
 
 # The round loop and its controller: these modules and packages, every class in them.
 ROUND_LOOP = ("edge/generation.py", "edge/state.py", "edge/caps.py", "edge/fast_mode.py",
-              "edge/rounds", "edge/client.py",
+              "edge/rounds", "edge/record.py", "edge/client.py",
               # the one controller that plans each round, and its cost model
               "edge/control/adaptive.py", "edge/control/costs.py", "edge/control/options.py",
               "edge/control/pass_cap.py")

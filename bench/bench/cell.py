@@ -34,7 +34,7 @@ from edge.config import ClientConfig, EdgeConfig, resolve_paths
 from edge.control.policy import DraftPolicy, FixedK, make_policy
 from edge.drafting import DraftCursor, TokenChooser
 from edge.link import make_channel
-from edge.rounds import GenerationResult
+from edge.record import GenerationResult
 from edge.runtime import load_draft_runtime
 from edge.runtime.base import DraftRuntime
 from edge.tokenizer import EdgeTokenizer

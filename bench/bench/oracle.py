@@ -17,7 +17,7 @@ import torch
 
 from cloud.runtime.target import TargetRuntime
 from edge.control.policy import Plan, RoundView
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 from edge.runtime.base import DraftRuntime
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 BINS = 10
 

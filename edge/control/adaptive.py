@@ -85,7 +85,7 @@ from edge.control.options import (Option, adapt_q_entries, best_speculation, clo
 from edge.control.pass_cap import PassCap
 from edge.control.policy import DraftPolicy, Plan, RoundView, register_policy
 from edge.control.pricing import PriceResponse
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 if TYPE_CHECKING:
     from edge.config import ClientConfig

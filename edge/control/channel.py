@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from edge.link_state import LinkState
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 PRIOR_SECONDS_PER_BYTE = 1e-8   # 100 MB/s: bytes cost nothing until measured otherwise
 MIN_BYTE_SPREAD = 1.0           # std of block bytes (B) below which no slope is fitted

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from edge.control.acceptance import AcceptanceEstimator
 from edge.control.channel import ChannelEstimator, Ewma
 from edge.control.policy import Plan
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 if TYPE_CHECKING:
     from edge.config import ClientConfig

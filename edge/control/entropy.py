@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from edge.config import EntropySwitchConfig, SwitchState
 from edge.control.policy import Plan, RoundView, register_policy
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 State = SwitchState
 SPEED_ALPHA = 0.2  # EWMA weight of a round's measured speed (tokens per second)

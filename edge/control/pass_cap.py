@@ -10,7 +10,7 @@ cut to what the running surplus pays for, CAP_RESERVE_PASSES kept.
 """
 from __future__ import annotations
 
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 CAP_MARGIN = 0.95                 # plan to this share of max_passes_per_token (noisy estimates)
 CAP_RESERVE_PASSES = 1.0          # a cloud run leaves this much of the surplus unspent

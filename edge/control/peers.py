@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, model_validator
 
 from edge.control.policy import DraftPolicy, Plan, RoundView, register_policy
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 from tandem.config import Settings
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from edge.link_state import LinkState
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 if TYPE_CHECKING:
     from edge.config import ClientConfig

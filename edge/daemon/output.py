@@ -18,7 +18,7 @@ from edge.daemon.detokenizer import make_detokenizer
 from edge.daemon.openai_schema import RoundTrace, TandemStats
 from edge.daemon.stop import StopMatcher
 from edge.link_state import LinkState
-from edge.rounds import GenerationResult
+from edge.record import GenerationResult
 from edge.tokenizer import EdgeTokenizer
 from tandem import metrics
 

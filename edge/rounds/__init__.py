@@ -1,5 +1,5 @@
-"""Rounds: what one round did (record.py: RoundRecord, GenerationResult) and one executor per
-kind of round, each run by edge/generation.py with one RoundContext (context.py):
+"""Rounds: one executor per kind of round, each run by edge/generation.py with one RoundContext
+(context.py); what a round did is edge/record.py's RoundRecord:
 
   local.py       tokens committed unverified: a fast-mode skip, or a stretch while the
                  verifier is away
@@ -7,9 +7,10 @@ kind of round, each run by edge/generation.py with one RoundContext (context.py)
   pipelined.py   draft-ahead and send-ahead on top of the sequential round
   cloud.py       the verifier generates tokens itself (cloud-generates)
 
-This package's own module imports only the record, so the policies (edge/control/) can import
-RoundRecord without importing the executors that call them.
+The record lives at the ground floor (edge/record.py), so the policies (edge/control/) and
+state.py read it without importing this package; it is re-exported here for the callers
+that still import it from edge.rounds.
 """
-from edge.rounds.record import END_REASONS, GenerationResult, RoundRecord, block_record
+from edge.record import END_REASONS, GenerationResult, RoundRecord, block_record
 
 __all__ = ["END_REASONS", "GenerationResult", "RoundRecord", "block_record"]

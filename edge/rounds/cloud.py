@@ -7,8 +7,8 @@ import time
 
 from edge.drafting import Block
 from edge.link.errors import Evicted, LinkDown
+from edge.record import block_record
 from edge.rounds.context import RoundContext
-from edge.rounds.record import block_record
 
 
 class CloudRound:

@@ -12,7 +12,7 @@ from edge.drafting import Block, DraftCursor, TokenChooser
 from edge.link import Sent, VerifierLink
 from edge.link.offline import OfflineControl
 from edge.link.reconnect import Reconnect
-from edge.rounds.record import RoundRecord
+from edge.record import RoundRecord
 from edge.state import GenerationState
 from tandem.v1 import decoding_pb2 as pb
 

@@ -13,8 +13,8 @@ import grpc
 from edge.control.policy import Plan
 from edge.drafting import Block
 from edge.link.errors import LinkDown, VerifierRefused
+from edge.record import block_record
 from edge.rounds.context import RoundContext
-from edge.rounds.record import block_record
 
 
 class LocalRound:

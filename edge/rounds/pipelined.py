@@ -25,8 +25,8 @@ from edge.control.policy import Plan
 from edge.drafting import Block
 from edge.link import Sent
 from edge.link.errors import Evicted, LinkDown, ProtocolError, Stopped
+from edge.record import RoundRecord, block_record
 from edge.rounds.context import RoundContext
-from edge.rounds.record import RoundRecord, block_record
 from edge.rounds.sequential import SequentialRound
 
 

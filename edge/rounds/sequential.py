@@ -12,8 +12,8 @@ import time
 from edge.control.policy import Plan
 from edge.drafting import Block
 from edge.link.errors import Evicted, LinkDown, Stopped
+from edge.record import block_record
 from edge.rounds.context import RoundContext
-from edge.rounds.record import block_record
 
 
 class SequentialRound:
