@@ -145,6 +145,8 @@ def test_capacity_smoke_sweeps_users_against_a_pinned_verifier(tmp_path):
     assert caps == {(c, t) for c in ("cloud-only", "fixed-k4") for t in (0.1, 0.05)}
     assert (tmp_path / "capacity.png").read_bytes()[:8] == PNG_MAGIC
     assert "Capacity" in done.stdout and report["options"]["verifiers"] == 2
+    from bench.capacity import report as report_module
+    assert report_module.main([str(out)]) == 0      # the tables again, from the JSON alone
     assert len(list((tmp_path / "logs").glob("*/server-1/verifier.log"))) == 2
 
 

@@ -103,7 +103,8 @@ def _channel_path(name: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from bench.bench.config import BenchConfig, load_device
-    from bench.capacity.report import capacities, capacity_table, rows_table, write_json, write_plots
+    from bench.capacity.report import (capacities, capacity_table, rows_table, summary_table, write_json,
+                                       write_plots)
     from bench.capacity.sweep import run_capacity
     from bench.channel import load_profile
     from tandem.config import load_config, resolve_path
@@ -162,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
           f"and TPOT <= the SLO); {options.verifiers} server process(es) on core(s) "
           f"{','.join(map(str, options.server_cores))} of this machine's CPU")
     print(capacity_table(caps, slos))
+    print()
+    print(summary_table(rows, caps, options.slo_tpot_s))
     meta = {"slo": {"ttft_s": options.slo_ttft_s, "tpot_s": list(slos), "good_share": 0.9},
             "options": {f.name: _plain(getattr(options, f.name)) for f in fields(options)},
             "replay_misses": misses, "wall_s": time.monotonic() - started}

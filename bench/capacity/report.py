@@ -127,3 +127,55 @@ def write_plots(out_dir: Path, rows: Sequence[PointRow], slo_tpot_s: float) -> l
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
+
+
+def summary_table(rows: Sequence[PointRow], caps: Sequence[Capacity], slo_tpot_s: float) -> str:
+    """Per cell and configuration: capacity at each SLO, and at N = 1 and at capacity the passes
+    per token and per-user speed; errors and verified share over the points up to capacity."""
+    lines = ["| channel/device | config | capacity (TPOT SLOs) | passes/tok N=1 -> cap | user tok/s p50 "
+             "N=1 -> cap | verifier busy at cap | errors <= cap | verified <= cap |",
+             "|" + "---|" * 8]
+    by_cell: dict[tuple[str, str, str], list[PointRow]] = {}
+    for row in rows:
+        by_cell.setdefault((row.channel, row.device, row.config), []).append(row)
+    for (channel, device, config), mine in by_cell.items():
+        mine.sort(key=lambda r: r.users)
+        own = [c for c in caps if (c.channel, c.device, c.config) == (channel, device, config)]
+        main = next((c.users for c in own if c.tpot_slo_s == slo_tpot_s), 0)
+        first = mine[0]
+        at = next((r for r in mine if r.users == main), None)
+        upto = [r for r in mine if r.users <= max(main, 1)]
+
+        def passes(r: PointRow | None) -> str:
+            return "-" if r is None else _f(r.batched_passes_per_token if config == "vllm-alone"
+                                             and r.batched_passes_per_token is not None else r.passes_per_token)
+
+        lines.append(
+            f"| {channel}/{device} | {config} | "
+            + ", ".join(f"{c.users} @ {c.tpot_slo_s * 1000:.0f} ms" for c in own)
+            + f" | {passes(first)} -> {passes(at)} | {_f(first.user_tokens_per_s_p50, 1)} -> "
+            f"{_f(at.user_tokens_per_s_p50 if at else None, 1)} | {_f(at.verifier_busy if at else None)} | "
+            f"{sum(r.errors + r.unfinished for r in upto)} | {min(r.verified_share for r in upto):.1%} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m bench.capacity.report PATH.json: the tables of an earlier run, from its JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("json", type=Path)
+    args = parser.parse_args(argv)
+    data = json.loads(args.json.read_text())
+    fields_of_row = set(PointRow.__dataclass_fields__)
+    rows = [PointRow(**{k: v for k, v in r.items() if k in fields_of_row}) for r in data["rows"]]
+    slos = data["slo"]["tpot_s"]
+    caps = capacities(rows, slos)
+    print(rows_table(rows), "\n")
+    print(capacity_table(caps, slos), "\n")
+    print(summary_table(rows, caps, slos[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
