@@ -86,8 +86,7 @@ class Generation:
             # first block (one that starts by letting the cloud generate may never draft).
             if getattr(state.policy, "prefill_first", True):
                 ctx.default_cursor.sync(state.context)
-            if not ctx.reconnect.open_with_retries(state.context) \
-                    and not ctx.reconnect.reopen_if_waiting(state.context):
+            if not ctx.reconnect.ensure_open(state.context):
                 ctx.go_local()
             while not state.result.finish_reason:
                 if state.stopped():

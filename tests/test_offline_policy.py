@@ -258,3 +258,39 @@ def test_failed_opens_spend_the_wait_budget():
     reconnect = Reconnect(link, control, config, stopped=lambda: False)
     assert reconnect.reopen_if_waiting([1, 2, 3]) is False
     assert control.wait_s == 0.0 and 1 <= link.opens < 1000
+
+
+class _ScriptedLink:
+    """A verifier link whose Opens fail `failures` times (a reset stream), then succeed."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.opens = failures, 0
+
+    def open(self, context, late_s, cap_s=None):
+        from edge.link.errors import LinkDown
+        self.opens += 1
+        if self.opens <= self.failures:
+            raise LinkDown("stream reset")
+
+
+@pytest.mark.parametrize("offline, failures, outcome, opens", [
+    ("continue", 0, True, 1),             # opens at once
+    ("continue", 1, True, 2),             # one retry (no monitor: retry once) and it opens
+    ("continue", 99, False, 2),           # given up after the retry: the caller goes local
+    ("require_verified", 99, "raises", 2),
+])
+def test_ensure_open_retries_then_does_what_the_offline_mode_says(offline, failures, outcome,
+                                                                   opens):
+    from edge.link.errors import VerifierUnavailable
+    from edge.link.offline import OfflineControl
+    from edge.link.reconnect import Reconnect
+
+    config = _client_config(offline=offline, retry_initial_backoff_s=0.0)
+    link = _ScriptedLink(failures)
+    reconnect = Reconnect(link, OfflineControl(config), config, stopped=lambda: False)
+    if outcome == "raises":
+        with pytest.raises(VerifierUnavailable, match="requires verified tokens"):
+            reconnect.ensure_open([1, 2, 3])
+    else:
+        assert reconnect.ensure_open([1, 2, 3]) is outcome
+    assert link.opens == opens

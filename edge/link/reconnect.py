@@ -32,6 +32,13 @@ class Reconnect:
         VerifierRefused, Stopped."""
         self.link.open(context, self.offline.open_late_s(len(context)), self.config.open_timeout_s)
 
+    def ensure_open(self, context: Sequence[int], backoff_first: bool = False) -> bool:
+        """The one sequence every executor uses to (re-)open: open with retries, else what the
+        request's offline mode says (require_verified raises, wait waits for the verifier).
+        False: the verifier is given up on for now; the caller goes local."""
+        return (self.open_with_retries(context, backoff_first=backoff_first)
+                or self.reopen_if_waiting(context))
+
     def open_with_retries(self, context: Sequence[int], backoff_first: bool = False) -> bool:
         """Open with bounded retries, exponential backoff and jitter; False when the verifier
         stayed unreachable past the deadline (or the retries ran out). Raises CloudUnavailable

@@ -32,7 +32,7 @@ class CloudRound:
         if ctx.link.is_open:
             return True
         context = ctx.state.context
-        if ctx.reconnect.open_with_retries(context) or ctx.reconnect.reopen_if_waiting(context):
+        if ctx.reconnect.ensure_open(context):
             return True
         ctx.go_local()
         return False

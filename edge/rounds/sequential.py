@@ -68,9 +68,7 @@ class SequentialRound:
         now: back off before asking again."""
         ctx = self.ctx
         cfg, context = ctx.config, ctx.state.context
-        given_up = (evictions > cfg.max_evictions_per_round
-                    or broken > cfg.max_retries
-                    or (broken and not ctx.offline.retry_now(broken))
-                    or not ctx.reconnect.open_with_retries(
-                        context, backoff_first=evictions > 1 or broken > 0))
-        return not given_up or ctx.reconnect.reopen_if_waiting(context)
+        if (evictions > cfg.max_evictions_per_round or broken > cfg.max_retries
+                or (broken and not ctx.offline.retry_now(broken))):
+            return ctx.reconnect.reopen_if_waiting(context)  # no more tries for this round
+        return ctx.reconnect.ensure_open(context, backoff_first=evictions > 1 or broken > 0)
