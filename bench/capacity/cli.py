@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 
-from bench.capacity.sweep import CONFIGS, CapacityOptions
+from bench.capacity.options import CONFIGS, CapacityOptions
 
 DEFAULT_OUT = Path("out/capacity")
 DEFAULT_CHANNELS = ("configs/channels/lte.yaml", "configs/channels/wifi.yaml")
