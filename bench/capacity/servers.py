@@ -77,8 +77,10 @@ def pin_self(cores: set[int]) -> None:
 
 
 def server_core_split(cores: Sequence[int]) -> tuple[set[int], set[int]]:
-    """(the servers' cores, the driver's cores). With no core left they share them."""
-    available = os.sched_getaffinity(0)
+    """(the servers' cores, the driver's cores). With no core left they share them. The
+    machine's cores, not this process's affinity: the driver has pinned itself to its own once
+    a run has started, and a second cell must split the same way."""
+    available = set(range(os.cpu_count() or 1))
     missing = set(cores) - available
     if missing:
         raise ValueError(f"cores {sorted(missing)} are not available to this process ({sorted(available)})")
