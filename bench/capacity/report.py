@@ -159,17 +159,47 @@ def summary_table(rows: Sequence[PointRow], caps: Sequence[Capacity], slo_tpot_s
     return "\n".join(lines)
 
 
+def rows_from_samples(path: Path, slo_ttft_s: float, tpot_slos: Sequence[float]) -> list[PointRow]:
+    """Rows rebuilt from a --samples file (a run that stopped keeps its requests): the server's
+    readings (passes, CPU) are not in it, and the window is the span of the requests' starts."""
+    from bench.capacity.stats import ServerReading, summarize
+    from bench.capacity.users import Sample
+
+    groups: dict[tuple, list[Sample]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            key = tuple(record.pop(k) for k in ("channel", "device", "config", "users"))
+            groups.setdefault(key, []).append(Sample(**record))
+    rows = []
+    for (channel, device, config, users), samples in groups.items():
+        starts = [s.started for s in samples]
+        reading = ServerReading(window_s=max(starts) - min(starts) if len(starts) > 1 else 0.0,
+                                window_tokens=sum(s.tokens for s in samples))
+        rows.append(summarize(channel, device, config, users, samples, reading, slo_ttft_s,
+                              tpot_slos[0], tpot_slos[1:]))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
-    """python -m bench.capacity.report PATH.json: the tables of an earlier run, from its JSON."""
+    """python -m bench.capacity.report PATH.json | PATH.jsonl: the tables of an earlier run,
+    from its JSON, or from its --samples file (without the server's readings)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("json", type=Path)
+    parser.add_argument("path", type=Path)
+    parser.add_argument("--slo-ttft-s", type=float, default=1.0, help="for a --samples file")
+    parser.add_argument("--tpot-slos", type=float, nargs="+", default=[0.1, 0.05],
+                        help="for a --samples file: the main TPOT SLO first")
     args = parser.parse_args(argv)
-    data = json.loads(args.json.read_text())
-    fields_of_row = set(PointRow.__dataclass_fields__)
-    rows = [PointRow(**{k: v for k, v in r.items() if k in fields_of_row}) for r in data["rows"]]
-    slos = data["slo"]["tpot_s"]
+    if args.path.suffix == ".jsonl":
+        slos = args.tpot_slos
+        rows = rows_from_samples(args.path, args.slo_ttft_s, slos)
+    else:
+        data = json.loads(args.path.read_text())
+        fields_of_row = set(PointRow.__dataclass_fields__)
+        rows = [PointRow(**{k: v for k, v in r.items() if k in fields_of_row}) for r in data["rows"]]
+        slos = data["slo"]["tpot_s"]
     caps = capacities(rows, slos)
     print(rows_table(rows), "\n")
     print(capacity_table(caps, slos), "\n")
