@@ -109,15 +109,14 @@ def write_plots(out_dir: Path, rows: Sequence[PointRow], slo_tpot_s: float) -> l
             users = [r.users for r in mine]
             style = dict(marker="o", label=config, linewidth=2.4 if config == DEFAULT else 1.4)
             speed_ax.plot(users, [r.user_tokens_per_s_p10 or 0.0 for r in mine], **style)
-            passes = [r.batched_passes_per_token if r.batched_passes_per_token is not None
-                      else r.passes_per_token for r in mine]
+            passes = [r.passes_per_token for r in mine]
             passes_ax.plot(users, [p if p is not None else math.nan for p in passes], **style)
         speed_ax.axhline(1.0 / slo_tpot_s, color="red", linestyle="--", linewidth=1,
                          label=f"SLO: TPOT {slo_tpot_s * 1000:.0f} ms")
         speed_ax.set(title=f"{channel} / {device}", xscale="log", yscale="log",
                      xlabel="concurrent users N", ylabel="per-user tokens/s, p10")
         passes_ax.set(xscale="log", xlabel="concurrent users N",
-                      ylabel="target passes per token (verifier's)")
+                      ylabel="target passes per token (the users' rounds)")
         speed_ax.grid(True, which="both", alpha=0.3)
         passes_ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=8)
