@@ -188,3 +188,19 @@ def test_compare_reads_two_sample_files_and_says_where_intervals_overlap(tmp_pat
     assert compared == 4 and overlapping == 4          # TTFT, TPOT, tok/s, passes/tok
     table, compared, overlapping = compare(same, far, ("a", "c"))
     assert overlapping == 2 and "NO" in table          # TTFT and passes/tok equal; speed not
+
+
+def test_a_second_cell_splits_the_cores_as_the_first_did():
+    """The driver pins itself to its cores in a run's first cell; the next cell must still find
+    the server's core (it once read the driver's own affinity and stopped)."""
+    import os
+
+    from bench.capacity.servers import pin_self, server_core_split
+
+    before = os.sched_getaffinity(0)
+    try:
+        servers, driver = server_core_split((0,))
+        pin_self(driver)
+        assert server_core_split((0,)) == (servers, driver)
+    finally:
+        os.sched_setaffinity(0, before)
