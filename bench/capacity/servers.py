@@ -9,7 +9,6 @@ told to use one thread, as they would be on a one-core slice.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,25 +20,12 @@ from pathlib import Path
 import grpc
 import httpx
 
+from bench.load import cpu_seconds
+from bench.processes import free_port, stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 START_TIMEOUT_S = 240.0
-STOP_TIMEOUT_S = 15.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a live process; None when it cannot be read."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu_seconds(pid: int) -> float | None:
@@ -154,18 +140,8 @@ def _spawn(argv: Sequence[str], core: int, log_path: Path, env: dict[str, str],
     log = stack.enter_context(log_path.open("wb"))
     process = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
                                preexec_fn=lambda: os.sched_setaffinity(0, {core}))
-    stack.callback(_stop, process)
+    stack.callback(stop_process, process)
     return process
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(STOP_TIMEOUT_S)
 
 
 def _wait(ready, process: subprocess.Popen, what: str, log_path: Path) -> None:

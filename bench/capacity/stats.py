@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bench.capacity.users import Sample
+from bench.load import percentile
 from tandem import metrics
 
 GOOD_SHARE = 0.9
@@ -75,15 +76,6 @@ class PointRow:
     other_cpu_share: float | None       # of the whole machine, taken by processes not under test
     contended: bool                     # other processes took enough that the row is unsound
     first_errors: list[str] = field(default_factory=list)
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in [0, 100]); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
 
 
 def tpot_of(sample: Sample) -> float | None:
