@@ -13,7 +13,7 @@
                [--held-out-trace PATH ...]
       every configuration (cloud-only, edge-only, fixed k, peers' rules, adaptive, oracle) per
       channel and device profile, paired per (prompt, trace offset): table, goal ratios with
-      95% bootstrap intervals and verdicts, JSON and PNG plots (bench/bench/)
+      95% bootstrap intervals and verdicts, JSON and PNG plots (bench/matrix/)
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.bench.cli import add_parser as add_bench_parser
+from bench.matrix.cli import add_parser as add_bench_parser
 from bench.capacity.cli import add_parser as add_capacity_parser
 from tandem.cli import add_version, fail
 from tandem.config import ConfigError, load_config, merge, parse_set_options, resolve_path

@@ -8,7 +8,7 @@
 One in-process verifier (cloud.service on 127.0.0.1, the shipped target), a channel emulator in
 front of it per channel profile (bench.channel.ChannelProxy), and the edge's two local models
 (tandem-draft and tandem-small, llama.cpp, one thread) throttled per device profile like
-`tandem bench` does (bench/bench/device.py). Greedy, eos ignored, the same held-out prompts for
+`tandem bench` does (bench/matrix/device.py). Greedy, eos ignored, the same held-out prompts for
 every configuration.
 
 Lossless (every token verified; output must equal the target's own greedy output, checked):
@@ -16,7 +16,7 @@ Lossless (every token verified; output must equal the target's own greedy output
   small   the same with tandem-small alone
   switch  the entropy switch (edge/control/entropy.py) over the ladder [draft, small]
   -> tokens/s and joules per token per (channel, device); speed-up of `switch` over the better
-     single drafter. Energy: bench.bench.device.joules per model, the draft-token cost of
+     single drafter. Energy: bench.matrix.device.joules per model, the draft-token cost of
      tandem-small scaled by its parameter count relative to tandem-draft (a phone's energy per
      token grows with the weights it reads).
 
@@ -46,9 +46,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from bench.bench.config import BenchConfig, DeviceSpec, load_device
-from bench.bench.device import ThrottledDraft, joules
-from bench.bench.oracle import target_greedy
+from bench.matrix.config import BenchConfig, DeviceSpec, load_device
+from bench.matrix.device import ThrottledDraft, joules
+from bench.matrix.oracle import target_greedy
 from bench.channel import ChannelProfile, ChannelProxy
 from bench.channel.profile import load_profile
 from bench.prompt_sources import SOURCES, load_source

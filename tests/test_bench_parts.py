@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from bench.bench.channels import held_out_profile, offsets_of, trace_pair
-from bench.bench.config import ALL_CONFIGURATIONS, BenchConfig, DeviceSpec, fixed_k, load_device
-from bench.bench.device import ThrottledDraft, joules
-from bench.bench.oracle import CloudOnly, OraclePolicy, match_runs
-from bench.bench.goals import Units, goals, overall
-from bench.bench.report import format_goals, format_table
-from bench.bench.results import ROW_FIELDS, GenerationSummary, agreement, rows_of, summarize
-from bench.bench.stats import Interval, bootstrap, bootstrap_ratio, verdict, versus_one
+from bench.matrix.channels import held_out_profile, offsets_of, trace_pair
+from bench.matrix.config import ALL_CONFIGURATIONS, BenchConfig, DeviceSpec, fixed_k, load_device
+from bench.matrix.device import ThrottledDraft, joules
+from bench.matrix.oracle import CloudOnly, OraclePolicy, match_runs
+from bench.matrix.goals import Units, goals, overall
+from bench.matrix.report import format_goals, format_table
+from bench.matrix.results import ROW_FIELDS, GenerationSummary, agreement, rows_of, summarize
+from bench.matrix.stats import Interval, bootstrap, bootstrap_ratio, verdict, versus_one
 from bench.channel import load_profile
 from edge.config import DeviceProfile
 from edge.control.policy import RoundView
@@ -92,7 +92,7 @@ def test_a_client_key_this_build_lacks_skips_its_configuration_with_why():
     """adaptive-capped's cap is validated by ClientConfig when the run starts: a build whose
     ClientConfig has no such key skips the configuration (and says why) instead of running it
     uncapped or refusing the whole run."""
-    from bench.bench.runner import available_configurations
+    from bench.matrix.runner import available_configurations
     from edge.config import ClientConfig
 
     config = BenchConfig(configurations=("fixed-k4", "adaptive", "adaptive-capped"),
@@ -400,8 +400,8 @@ def test_a_channel_can_have_its_own_offsets():
 def test_workers_take_the_slowest_cells_first():
     """Cells go to the workers longest expected first, so the run does not end on a long
     phone cell started last: a throttled draft and a long RTT cost more, offsets multiply."""
-    from bench.bench.cell import Cell
-    from bench.bench.workers import expected_cost
+    from bench.matrix.cell import Cell
+    from bench.matrix.workers import expected_cost
 
     lan, lte = (load_profile(ROOT / f"configs/channels/{n}.yaml") for n in ("lan", "lte"))
     laptop, phone = DeviceSpec(name="laptop"), DeviceSpec(name="phone", draft_tokens_per_s=40.0)

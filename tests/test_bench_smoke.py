@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from bench.bench.results import ROW_FIELDS
+from bench.matrix.results import ROW_FIELDS
 from bench.cli import main
 
 torch.set_num_threads(1)

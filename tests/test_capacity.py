@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.bench.oracle import target_greedy
+from bench.matrix.oracle import target_greedy
 from bench.capacity.replay import ReplayDraft, ReplayTable
 from bench.capacity.stats import ServerReading, capacity_of, is_good, summarize
 from bench.capacity.users import Sample

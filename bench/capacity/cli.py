@@ -102,7 +102,7 @@ def _channel_path(name: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.bench.config import BenchConfig, load_device
+    from bench.matrix.config import BenchConfig, load_device
     from bench.capacity.report import (capacities, capacity_table, rows_table, summary_table, write_json,
                                        write_plots)
     from bench.capacity.sweep import run_capacity

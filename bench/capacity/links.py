@@ -12,7 +12,7 @@ from collections.abc import Coroutine
 from concurrent.futures import Future
 from typing import Any
 
-from bench.bench.channels import trace_period_s
+from bench.matrix.channels import trace_period_s
 from bench.channel import ChannelProfile, ChannelProxy
 
 START_TIMEOUT_S = 30.0

@@ -11,7 +11,7 @@ VLLM = "vllm-alone"
 # shipped controller on a verifier that never prices its passes (price 0 at any load): the
 # default as it was before the price, kept to measure what the price buys.
 CLOUD_SETS = {"adaptive-unpriced": ("batch.target_queue_ms=60000",)}
-# Each configuration's edge policy (bench.bench.cell.client_config reads "adaptive*" names).
+# Each configuration's edge policy (bench.matrix.cell.client_config reads "adaptive*" names).
 POLICY_OF = {"adaptive-unpriced": "adaptive"}
 
 

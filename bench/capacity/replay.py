@@ -95,7 +95,7 @@ class ReplayTable:
 class ReplayDraft(DraftRuntime):
     """One emulated device's draft: the shipped draft's logits for whatever context it holds,
     read from a shared ReplayTable (computed by the real draft on a miss). As fast as a lookup;
-    wrap it in bench.bench.device.ThrottledDraft to pace it at a device's speed."""
+    wrap it in bench.matrix.device.ThrottledDraft to pace it at a device's speed."""
 
     def __init__(self, table: ReplayTable, name: str = "replay") -> None:
         super().__init__()

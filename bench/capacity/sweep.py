@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.bench.cell import build_policy, client_config, edge_config_of
-from bench.bench.config import BenchConfig, DeviceSpec
-from bench.bench.device import ThrottledDraft
-from bench.bench.oracle import target_greedy
+from bench.matrix.cell import build_policy, client_config, edge_config_of
+from bench.matrix.config import BenchConfig, DeviceSpec
+from bench.matrix.device import ThrottledDraft
+from bench.matrix.oracle import target_greedy
 from bench.capacity.links import LinkFarm, user_offset
 from bench.capacity.options import CLOUD_SETS, POLICY_OF, VLLM, CapacityOptions
 from bench.capacity.replay import ReplayDraft, ReplayTable

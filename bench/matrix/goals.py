@@ -1,5 +1,5 @@
 """The bench's goals: paired tokens/s ratios per cell (channel, device) with bootstrap
-intervals and a verdict against each goal's threshold (bench/bench/results.py's docstring)."""
+intervals and a verdict against each goal's threshold (bench/matrix/results.py's docstring)."""
 from __future__ import annotations
 
 import math
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.bench.config import ADAPTIVE_FAMILY, PEERS, UNVERIFIED, fixed_k
-from bench.bench.results import GenerationSummary, speed
-from bench.bench.stats import (CONFIDENCE, RESAMPLES, Interval, bootstrap, bootstrap_ratio, divide,
+from bench.matrix.config import ADAPTIVE_FAMILY, PEERS, UNVERIFIED, fixed_k
+from bench.matrix.results import GenerationSummary, speed
+from bench.matrix.stats import (CONFIDENCE, RESAMPLES, Interval, bootstrap, bootstrap_ratio, divide,
                                verdict, versus_one)
 
 ADAPTIVE = ("adaptive-pipelined", "adaptive")  # the first that ran is "adaptive" in the older goals

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.bench.goals import Goal, interval_text
-from bench.bench.results import BenchRow
+from bench.matrix.goals import Goal, interval_text
+from bench.matrix.results import BenchRow
 
 
 COLUMNS = [  # header, BenchRow field, format

@@ -60,8 +60,8 @@ def _offsets(text: str) -> int | list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.bench.channels import held_out_profile
-    from bench.bench.config import BenchConfig, load_device
+    from bench.matrix.channels import held_out_profile
+    from bench.matrix.config import BenchConfig, load_device
     from bench.channel import load_profile
 
     flags = {"prompts": args.prompts, "max_tokens": args.max_tokens,
@@ -83,13 +83,13 @@ def run(args: argparse.Namespace) -> int:
     json_path = args.json if args.json is not None else DEFAULT_OUT / "bench.json"
     plots_dir = args.plots if args.plots is not None else DEFAULT_OUT
     if args.from_generations is not None:
-        from bench.bench.runner import BenchResult, report
+        from bench.matrix.runner import BenchResult, report
 
         result = BenchResult(generations=_read_generations(args.from_generations))
         offsets = {p.name: config.offsets_for(p) for p in channels}
         return _print(report(result, config, channels, devices, offsets, json_path, plots_dir), args)
 
-    from bench.bench.runner import run_bench  # loads torch / grpc only when benchmarking
+    from bench.matrix.runner import run_bench  # loads torch / grpc only when benchmarking
 
     log_file = None
     if args.generations is not None:
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read_generations(path: Path) -> list:
-    from bench.bench.results import GenerationSummary
+    from bench.matrix.results import GenerationSummary
 
     if not path.is_file():
         raise ConfigError(f"--from-generations: no file {path}")
@@ -129,8 +129,8 @@ def _read_generations(path: Path) -> list:
 
 
 def _print(result, args: argparse.Namespace) -> int:
-    from bench.bench.report import format_goals, format_table
-    from bench.bench.results import details_of
+    from bench.matrix.report import format_goals, format_table
+    from bench.matrix.results import details_of
 
     print(format_table(result.rows))
     print("\ngoals (measured in this run):")

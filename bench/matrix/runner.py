@@ -1,14 +1,14 @@
 """`tandem bench`: the same held-out prompts through every configuration, channel and device.
 
-Per cell (device, channel: bench/bench/cell.py) the units run in turn, a unit being one (prompt,
+Per cell (device, channel: bench/matrix/cell.py) the units run in turn, a unit being one (prompt,
 trace offset), and for each unit every configuration, each with the channel rewound to the
 unit's offset (the same stretch of the trace, the same jitter and loss draws), so that all
 configurations of a unit meet the same link and a drift of this shared machine's load hits them
-alike; the goal ratios are then paired per unit (bench/bench/goals.py). Cells run one after
-the other in this process, or in several processes at once (bench/bench/workers.py,
+alike; the goal ratios are then paired per unit (bench/matrix/goals.py). Cells run one after
+the other in this process, or in several processes at once (bench/matrix/workers.py,
 `--workers`). edge-only runs the draft alone (no verifier); cloud-only asks the verifier to
 generate (Plan.cloud_generate); the oracle drafts exactly the accepted length known in advance
-(bench/bench/oracle.py).
+(bench/matrix/oracle.py).
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bench.bench.cell import CellBench, build_policy, cells_of, client_config, edge_config_of
-from bench.bench.config import BenchConfig, DeviceSpec
-from bench.bench.goals import goals
-from bench.bench.results import BenchRow, GenerationSummary, details_of, rows_of
-from bench.bench.workers import run_in_workers
+from bench.matrix.cell import CellBench, build_policy, cells_of, client_config, edge_config_of
+from bench.matrix.config import BenchConfig, DeviceSpec
+from bench.matrix.goals import goals
+from bench.matrix.results import BenchRow, GenerationSummary, details_of, rows_of
+from bench.matrix.workers import run_in_workers
 from bench.channel import ChannelProfile
 from edge.config import ClientConfig
 from tandem.config import ConfigError
@@ -67,7 +67,7 @@ def run_bench(config: BenchConfig, channels: Sequence[ChannelProfile], devices: 
               json_path: Path | None = None, plots_dir: Path | None = None,
               progress: bool = True, on_generation: Callable[[GenerationSummary], None] | None = None) -> BenchResult:
     """Every cell, one after the other in this process, or spread over `config.workers`
-    processes (bench/bench/workers.py); then the report."""
+    processes (bench/matrix/workers.py); then the report."""
     started = time.monotonic()
     result = BenchResult()
     edge = edge_config_of(config)
@@ -108,8 +108,8 @@ def report(result: BenchResult, config: BenchConfig, channels: Sequence[ChannelP
            json_path: Path | None = None, plots_dir: Path | None = None) -> BenchResult:
     """Rows, goals, JSON and plots from result.generations: after a run, or from the
     generations file of an earlier (or stopped) one."""
-    from bench.bench.plots import write_plots
-    from bench.bench.report import write_json
+    from bench.matrix.plots import write_plots
+    from bench.matrix.report import write_json
 
     # cells in the order of the flags (workers finish them in any order): device, then channel
     order = {(p.name, d.name): i for i, (d, p) in enumerate((d, p) for d in devices for p in channels)}

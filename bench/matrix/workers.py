@@ -15,9 +15,9 @@ import queue
 import traceback
 from collections.abc import Callable, Sequence
 
-from bench.bench.cell import Cell, CellBench
-from bench.bench.config import BenchConfig
-from bench.bench.results import GenerationSummary
+from bench.matrix.cell import Cell, CellBench
+from bench.matrix.config import BenchConfig
+from bench.matrix.results import GenerationSummary
 
 POLL_S = 1.0            # how often the parent looks for a worker that died without a word
 LAPTOP_DRAFT_TOKENS_PER_S = 400.0   # an unthrottled draft's rough rate, only to order the cells

@@ -9,8 +9,8 @@
   all on one draft runtime per device (ThrottledDraft for a slower device)
 
 CellBench holds what every cell of one process shares (prompts, the target's greedy references,
-the draft, the verifier); bench/bench/runner.py runs the cells one after the other with one, and
-bench/bench/workers.py one per worker process.
+the draft, the verifier); bench/matrix/runner.py runs the cells one after the other with one, and
+bench/matrix/workers.py one per worker process.
 """
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from bench.bench.config import BenchConfig, DeviceSpec, fixed_k
-from bench.bench.device import ThrottledDraft, joules
-from bench.bench.oracle import CloudOnly, OraclePolicy, match_runs, target_greedy
-from bench.bench.results import GenerationSummary, agreement
+from bench.matrix.config import BenchConfig, DeviceSpec, fixed_k
+from bench.matrix.device import ThrottledDraft, joules
+from bench.matrix.oracle import CloudOnly, OraclePolicy, match_runs, target_greedy
+from bench.matrix.results import GenerationSummary, agreement
 from bench.channel import ChannelProfile, ChannelProxy
 from bench.workload import load_prompts
 from cloud.config import CloudConfig

@@ -1,4 +1,4 @@
-"""Bootstrap intervals over prompts and the verdicts read from them (bench/bench/results.py
+"""Bootstrap intervals over prompts and the verdicts read from them (bench/matrix/results.py
 says why prompts are the unit resampled)."""
 from __future__ import annotations
 

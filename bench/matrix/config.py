@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from bench.bench.channels import offsets_of
+from bench.matrix.channels import offsets_of
 from bench.channel import ChannelProfile
 from edge.config import DeviceProfile
 from tandem.config import Settings, load_config, resolve_path

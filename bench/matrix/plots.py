@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.bench.results import BenchRow
+from bench.matrix.results import BenchRow
 
 
 def write_plots(out_dir: Path, rows: Sequence[BenchRow], trace: Sequence[dict], trace_title: str) -> list[Path]:

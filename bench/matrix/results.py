@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from bench.bench.stats import CONFIDENCE, RESAMPLES, bootstrap_ratio
+from bench.matrix.stats import CONFIDENCE, RESAMPLES, bootstrap_ratio
 from tandem import metrics
 
 ROW_FIELDS = ("channel", "device", "config", "tokens_per_s", "local_tokens_per_s", "ttft_s", "tpot_s", "tau",
