@@ -14,11 +14,22 @@
       every configuration (cloud-only, edge-only, fixed k, peers' rules, adaptive, oracle) per
       channel and device profile, paired per (prompt, trace offset): table, goal ratios with
       95% bootstrap intervals and verdicts, JSON and PNG plots (bench/matrix/)
+  tandem capacity ...        users one verifier serves at a latency SLO (bench/capacity/)
+  tandem ladder ...          the edge model ladder and the fast-mode curve (bench/ladder.py)
+  tandem verifier-bench ...  verifier goodput: torch vs vLLM vs target-only (bench/verifier.py)
+  tandem fast-mode-bench ... fast mode's verified share and agreement (bench/fast_mode.py)
+  tandem startup-race ...    verifier and daemon started together under load (bench/startup_race.py)
+  tandem failover ...        a verifier killed under load behind the daemon (bench/failover.py)
+  tandem runtime-bench ...   tokens/s of each draft backend and the target (bench/runtimes.py)
+  tandem e2e-report ...      accepted length, passes and bytes per token (bench/e2e_report.py)
+  tandem channel ...         the channel emulator as a standalone TCP proxy (bench/channel/)
+Each has its own options: `tandem VERB -h`.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
 import sys
@@ -31,6 +42,27 @@ from tandem.cli import add_version, fail
 from tandem.config import ConfigError, load_config, merge, parse_set_options, resolve_path
 
 DEFAULT_OUT = Path("out/sim")
+
+# Benchmarks and tools with their own argument parser (options and -h are theirs, prog
+# "tandem VERB"): verb -> (module whose main(argv) runs it, one line for `tandem -h`). Their
+# modules import torch / grpc, so each loads only when its verb runs.
+OWN_PARSER_VERBS = {
+    "ladder": ("bench.ladder", "the edge model ladder and fast mode: switching vs each local "
+                               "model alone, fast-mode curve"),
+    "verifier-bench": ("bench.verifier", "verifier goodput and round latency: torch vs vLLM "
+                                         "backend vs target-only decoding"),
+    "fast-mode-bench": ("bench.fast_mode", "fast mode over min_agreement: verified share, "
+                                           "agreement with the target, per prompt source"),
+    "startup-race": ("bench.startup_race", "verifier and daemon started together under a "
+                                           "burst of requests: what the first ones get"),
+    "failover": ("bench.failover", "several verifiers behind the daemon, one killed under "
+                                   "load: failed requests, re-opens, tokens/s"),
+    "runtime-bench": ("bench.runtimes", "prefill and decode tokens/s of each draft backend "
+                                        "and the target"),
+    "e2e-report": ("bench.e2e_report", "accepted length, passes and bytes per token on "
+                                       "held-out prompts, greedy and sampled"),
+    "channel": ("bench.channel.__main__", "the channel emulator as a standalone TCP proxy"),
+}
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -106,9 +138,10 @@ def _load(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
-def _ladder(args: argparse.Namespace) -> int:
-    from bench.ladder import main as ladder_main  # loads torch / grpc only when benchmarking
-    return ladder_main(args.options)
+def _own_parser(verb: str, options: list[str]) -> int:
+    module, _ = OWN_PARSER_VERBS[verb]
+    status = importlib.import_module(module).main(options)
+    return 0 if status is None else status
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,19 +209,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     add_capacity_parser(sub)
-    ladder = sub.add_parser("ladder", help="the edge model ladder and fast mode: switching vs each "
-                                           "local model alone, fast-mode curve (bench/ladder.py; "
-                                           "`tandem ladder -h` for its options)", add_help=False)
-    ladder.add_argument("options", nargs=argparse.REMAINDER)
-    ladder.set_defaults(run=_ladder)
+    for verb, (module, summary) in OWN_PARSER_VERBS.items():
+        own = sub.add_parser(verb, add_help=False, help=f"{summary} ({module}; `tandem {verb} "
+                                                        f"-h` for its options)")
+        own.add_argument("options", nargs=argparse.REMAINDER)
+        own.set_defaults(run=lambda args, verb=verb: _own_parser(verb, args.options))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["ladder"]:  # its own parser (bench/ladder.py), options and -h included
-        return _ladder(argparse.Namespace(options=argv[1:]))
+    if argv[:1] and argv[0] in OWN_PARSER_VERBS:  # its own parser, options and -h included
+        return _own_parser(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)

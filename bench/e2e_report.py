@@ -2,9 +2,9 @@
 (cloud.service.create_server on 127.0.0.1, a real socket) and the edge session client, per
 draft backend, greedy and sampled.
 
-    python -m bench.e2e_report [--prompts N] [--max-tokens 64] [--dev] [--backends ...]
-                               [--draft-length 4] [--temperature 0.8] [--q-entries 16]
-                               [--q-codecs entropy plain] [--json PATH]
+    tandem e2e-report [--prompts N] [--max-tokens 64] [--dev] [--backends ...]
+                      [--draft-length 4] [--temperature 0.8] [--q-entries 16]
+                      [--q-codecs entropy plain] [--json PATH]
 
 Reported per backend and mode (metric names and formulas of shared/ANCHORS.md):
   τ                  mean accepted length = 1 + accepted / rounds (plain decoding: 1)
@@ -111,7 +111,7 @@ def load_prompts(tokenizer: EdgeTokenizer, n: int) -> list[list[int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.e2e_report", description=__doc__,
+    parser = argparse.ArgumentParser(prog="tandem e2e-report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=50, help="held-out prompts (in file order)")
     parser.add_argument("--max-tokens", type=int, default=64)

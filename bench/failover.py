@@ -9,11 +9,11 @@ Per request: text, verified tokens, re-opens, moves (re-opens another verifier t
 verifier that served it last. Per verifier: sessions opened and context tokens prefilled, from
 its Prometheus counters (the killed one's read just before the kill).
 
-  python -m bench.failover --policy ring_hash    # affinity: gRPC hashes the session id
-  python -m bench.failover --policy round_robin  # gRPC spreads, no affinity
-  python -m bench.failover --proxy               # NGINX (docker/nginx-grpc.conf) in front
-  python -m bench.failover --no-kill --cloud-arg=--set --cloud-arg=limits.max_sessions=8
-                                                 # re-opens from evictions only: where they land
+  tandem failover --policy ring_hash    # affinity: gRPC hashes the session id
+  tandem failover --policy round_robin  # gRPC spreads, no affinity
+  tandem failover --proxy               # NGINX (docker/nginx-grpc.conf) in front
+  tandem failover --no-kill --cloud-arg=--set --cloud-arg=limits.max_sessions=8
+                                        # re-opens from evictions only: where they land
 """
 from __future__ import annotations
 
@@ -229,7 +229,7 @@ def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[Ve
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tandem failover", description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", default="ring_hash",
                         choices=("ring_hash", "round_robin", "pick_first"))
     parser.add_argument("--proxy", action="store_true", help="NGINX in front of the verifiers")

@@ -1,8 +1,8 @@
 """Fast mode as a user gets it, held to a stated agreement (issue 30):
 
-    python -m bench.fast_mode [--min-agreements 0.9 0.95 0.97] [--sources code prose]
-                              [--prompts 16] [--max-tokens 64] [--split eval] [--fixed-cut]
-                              [--json PATH]
+    tandem fast-mode-bench [--min-agreements 0.9 0.95 0.97] [--sources code prose]
+                           [--prompts 16] [--max-tokens 64] [--split eval] [--fixed-cut]
+                           [--json PATH]
 
 The shipped configs/edge.yaml (whatever its client.policy) in an edge daemon on loopback, in
 front of a verifier with the shipped configs/cloud.yaml; held-out prompts of each source
@@ -86,7 +86,7 @@ def run_point(http: httpx.Client, url: str, model: str, target, prompts: list[li
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.fast_mode", description=__doc__,
+    parser = argparse.ArgumentParser(prog="tandem fast-mode-bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--min-agreements", type=float, nargs="*", default=[0.95])
     parser.add_argument("--sources", nargs="+", default=list(SOURCES), choices=list(SOURCES))

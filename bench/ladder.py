@@ -1,9 +1,9 @@
-"""The edge model ladder and fast mode, measured (issue 11): `python -m bench.ladder`.
+"""The edge model ladder and fast mode, measured (issue 11): `tandem ladder`.
 
-    python -m bench.ladder [--prompts 3] [--max-tokens 32] [--channels lan lte]
-                           [--devices laptop phone] [--min-agreements 0.9 0.95 0.97]
-                           [--sources code prose] [--fast-prompts 8] [--max-unverified-run 16]
-                           [--json PATH] [--plot PATH] [--markdown]
+    tandem ladder [--prompts 3] [--max-tokens 32] [--channels lan lte]
+                  [--devices laptop phone] [--min-agreements 0.9 0.95 0.97]
+                  [--sources code prose] [--fast-prompts 8] [--max-unverified-run 16]
+                  [--json PATH] [--plot PATH] [--markdown]
 
 One in-process verifier (cloud.service on 127.0.0.1, the shipped target), a channel emulator in
 front of it per channel profile (bench.channel.ChannelProxy), and the edge's two local models

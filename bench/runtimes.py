@@ -1,6 +1,6 @@
 """Micro-benchmark of the model runtimes: tokens/s of each draft backend and of the target.
 
-    python -m bench.runtimes [--dev] [--json PATH] [--threads N] [--prefill-tokens 256] ...
+    tandem runtime-bench [--dev] [--json PATH] [--threads N] [--prefill-tokens 256] ...
 
 Single stream. Prefill = one extend of a --prefill-tokens held-out prompt from an empty cache;
 decode = --decode-tokens single-token extends after it (the text's own next tokens, so every
@@ -88,7 +88,8 @@ def format_table(rows: list[SpeedRow]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="tandem runtime-bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dev", action="store_true", help="use the randomly initialised dev copies in models/.cache")
     parser.add_argument("--draft", type=Path, help="draft HF directory (default: models/tandem-draft)")
     parser.add_argument("--gguf", type=Path, help=f"draft GGUF (default: DRAFT/{GGUF_NAME})")

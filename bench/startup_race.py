@@ -1,8 +1,8 @@
 """The start-up race, measured: a verifier and an edge daemon started together with the shipped
 configs, requests sent as soon as the daemon first answers `/v1/models`.
 
-  python -m bench.startup_race [--requests 200] [--concurrency 32] [--busy 2]
-                               [--order together|daemon-first] [--temperature T]
+  tandem startup-race [--requests 200] [--concurrency 32] [--busy 2]
+                      [--order together|daemon-first] [--temperature T]
 
 `together` starts the daemon and the verifier at once (what `docker compose up` does);
 `daemon-first` starts the verifier only once the daemon answers, so every request surely
@@ -134,7 +134,7 @@ def run_race(*, requests: int, concurrency: int, max_tokens: int = 16, temperatu
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.startup_race", description=__doc__,
+    parser = argparse.ArgumentParser(prog="tandem startup-race", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=32)

@@ -3,8 +3,8 @@
 autoregressive decoding of the same sessions, in one run; plus the cost of a re-open (vLLM's
 prefix cache) and per-session KV memory.
 
-  .venv-vllm/bin/python -m bench.verifier [--sessions 1,4,16,64] [--rounds 6] [--k 4]
-                                          [--backends torch,vllm] [--json out/verifier.json]
+  .venv-vllm/bin/tandem verifier-bench [--sessions 1,4,16,64] [--rounds 6] [--k 4]
+                                       [--backends torch,vllm] [--json out/verifier.json]
 
 Runs in .venv-vllm (scripts/bootstrap.sh --vllm), which has both backends; without vLLM it
 measures the torch backend alone and says so.
@@ -61,7 +61,7 @@ class GoodputRow:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.verifier", description=__doc__,
+    parser = argparse.ArgumentParser(prog="tandem verifier-bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", default="1,4,16,64")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per session")

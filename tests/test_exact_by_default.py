@@ -150,7 +150,7 @@ def test_sampled_output_through_the_daemon_has_the_targets_law(shipped_daemon, p
 
 
 def test_fast_mode_bench_smoke(capsys):
-    """`python -m bench.fast_mode` on one prompt per source: the shipped config's verified
+    """`tandem fast-mode-bench` on one prompt per source: the shipped config's verified
     share, teacher-forced and predicted agreement come out per source (the full run: README)."""
     from bench.fast_mode import main
     assert main(["--prompts", "1", "--max-tokens", "16"]) == 0

@@ -2,7 +2,7 @@
 (models/tandem-*/training.json), the evaluation (models/evaluation.json, from
 models.train.evaluate; models/evaluation-small.json for the ladder's small model, from
 `models.train.evaluate --draft models/tandem-small --json models/evaluation-small.json`) and the runtime micro-benchmark (models/runtimes.json, from
-`python -m bench.runtimes --json models/runtimes.json`). The numbers on the card are those files'.
+`tandem runtime-bench --json models/runtimes.json`). The numbers on the card are those files'.
 
     python -m models.train.card
 """
@@ -140,7 +140,7 @@ def render() -> str:
         "## Runtime speed on this machine", "",
         f"Single stream, {rt['config']['prefill_tokens']}-token prefill and {rt['config']['decode_tokens']} "
         f"single-token decode steps, median of {rt['config']['repeats']} runs, {threads} threads, on the "
-        "project's 2-core x86-64 CPU machine (`python -m bench.runtimes --json models/runtimes.json`):", "",
+        "project's 2-core x86-64 CPU machine (`tandem runtime-bench --json models/runtimes.json`):", "",
         "| runtime | prefill tok/s | decode tok/s | decode ms/token |", "|---|---|---|---|",
     ]
     for row in rt["rows"]:
