@@ -48,6 +48,12 @@ class FastModeGate:
             if fast and calibration is not None and min_agreement is not None else None
         self._pending: list[float] = []  # expected agreement of the span being committed
 
+    def before_draft(self, plan: Plan, max_k: int, drafters: Collection[str]) -> tuple[Plan, int]:
+        """The round's one decision before drafting: the plan the loop runs (gate) and the
+        block length it drafts (bound), within max_k (every cap already applied)."""
+        plan = self.gate(plan, drafters)
+        return self.bound(plan, min(max(plan.k, 0), max_k))
+
     def gate(self, plan: Plan, drafters: Collection[str]) -> Plan:
         """The plan the loop runs: a skippable block stays skippable only in fast mode, within
         the unverified-run bound, and not right after a skipped span that ended on an unsure
@@ -82,12 +88,12 @@ class FastModeGate:
             plan = replace(plan, verify=True, min_confidence=0.0)
         return plan, k
 
-    def confirm(self, plan: Plan, block: Block, k: int) -> tuple[Plan, Block, int]:
-        """After drafting: the span a skippable block may emit unverified (its positions from
-        the first at or above the plan's confidence cut, and, with a calibration, while the
-        generation's expected agreement holds). Nothing to skip: the verifier checks the block
-        (just the plan's unsure_k first tokens, in fast mode). An audit: the verifier checks
-        the whole span."""
+    def after_draft(self, plan: Plan, block: Block, k: int) -> tuple[Plan, Block, int]:
+        """The round's one decision after drafting: the span a skippable block may emit
+        unverified (its positions from the first at or above the plan's confidence cut, and,
+        with a calibration, while the generation's expected agreement holds). Nothing to skip:
+        the verifier checks the block (just the plan's unsure_k first tokens, in fast mode). An
+        audit: the verifier checks the whole span."""
         if plan.verify or not block.confidences:
             return plan, block, k
         n = len(block) if block.confidences[0] >= plan.min_confidence else 0

@@ -1,9 +1,10 @@
 """One generation: its rounds until a finish reason (vocabulary: protos/tandem/v1/decoding.proto).
 
-One round: the caps (edge/caps.py) -> plan = gate(policy.plan(view)) (edge/fast_mode.py) ->
-an executor (edge/rounds/) -> draft, or take the block drafted ahead -> send, await the verdict
-under the one WaitRule (edge/link/wait.py) -> apply: commit the accepted prefix and the
-bonus token, stream them (edge/state.py) -> record: policy.update, on_round.
+One round: the caps (edge/caps.py) -> plan, k = gate.before_draft(policy.plan(view), max_k)
+(edge/fast_mode.py) -> draft, or take the block drafted ahead -> gate.after_draft -> an
+executor (edge/rounds/): send, await the verdict under the one WaitRule (edge/link/wait.py) ->
+apply: commit the accepted prefix and the bonus token, stream them (edge/state.py) -> record:
+policy.update, on_round.
 
 The executors: sequential (one block, its verdict, re-opens), pipelined (draft-ahead,
 send-ahead), cloud (the verifier generates), local (a fast-mode skip, or a stretch while the
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 
 from edge.caps import Caps
 from edge.config import DEFAULT_DRAFTER, ClientConfig
-from edge.control.policy import DraftPolicy
+from edge.control.policy import DraftPolicy, Plan
 from edge.drafting import DraftCursor, TokenChooser
 from edge.fast_calibration import FastCalibration
 from edge.fast_mode import FastModeGate
@@ -111,33 +112,44 @@ class Generation:
         return state.result
 
     def _round(self) -> None:
-        """Pick the round's executor from the gated plan; the caps bound every kind."""
+        """One round, top to bottom: the caps, the policy's plan and the gate's decision before
+        drafting, a cloud run if the plan asks one, else the block (drafted ahead, or now), the
+        gate's decision after drafting, and the executor that sends it (or commits it)."""
         state, ctx, gate = self.state, self.ctx, self.state.gate
         max_k = ctx.caps.max_k(state.remaining, len(state.context))
         if max_k is None:
             state.result.finish_reason = "length"  # no round fits the context
             return
-        view = state.view(max_k, ctx.caps, ctx.link.load, tuple(ctx.cursors), ctx.link.price)
-        plan = gate.gate(state.policy.plan(view), ctx.cursors)
-        plan, k = gate.bound(plan, min(max(plan.k, 0), max_k))
+        view = state.view(max_k, ctx.caps, ctx.link.load, tuple(ctx.cursors), ctx.link.price,
+                          ctx.link.position_cost)
+        plan, k = gate.before_draft(state.policy.plan(view), max_k, ctx.cursors)
         t_start = state.elapsed()
-        pipelined = plan.verify and not gate.fast  # fast mode's unverified runs go sequential
-        if pipelined and plan.cloud_generate:
-            opening = time.monotonic()
-            if not self.cloud.ready():
-                return  # gone local: the verifier stays away
-            n = self.cloud.served(plan.cloud_generate)
-            if n:
-                self.pipelined.drop_ahead()
-                self.cloud.run(n, t_start, open_s=time.monotonic() - opening)
-                return
-        block = self.pipelined.take_ahead(k, plan) if pipelined else None
+        # Every token of this request goes through the verifier (not fast mode, whose rounds
+        # go sequential): only such a stream may let the cloud generate or pipeline its blocks.
+        verified_stream = plan.verify and not gate.fast
+        if verified_stream and plan.cloud_generate and self._cloud_round(plan, t_start):
+            return
+        block = self.pipelined.take_ahead(k, plan) if verified_stream else None
         if block is None:
             block = ctx.draft(k, plan)
-        plan, block, k = gate.confirm(plan, block, k)
+        plan, block, k = gate.after_draft(plan, block, k)
         if not plan.verify:
             self.local.skip(block, k, plan, t_start)
-        elif pipelined and (plan.draft_ahead or plan.send_ahead > 1):
+        elif verified_stream and (plan.draft_ahead or plan.send_ahead > 1):
             self.pipelined.run(block, k, plan, t_start)
         else:
             self.sequential.run(block, k, plan, t_start)
+
+    def _cloud_round(self, plan: Plan, t_start: float) -> bool:
+        """Let the verifier generate the plan's cloud_generate tokens. True when the round is
+        done (tokens streamed, or the generation went local because the verifier stays away);
+        False when the verifier serves no Generate now: the round drafts instead."""
+        opening = time.monotonic()
+        if not self.cloud.ready():
+            return True  # gone local: the verifier stays away
+        n = self.cloud.served(plan.cloud_generate)
+        if not n:
+            return False
+        self.pipelined.drop_ahead()
+        self.cloud.run(n, t_start, open_s=time.monotonic() - opening)
+        return True

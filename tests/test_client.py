@@ -118,7 +118,7 @@ def test_the_gate_verifies_after_an_unsure_position():
     gate = FastModeGate(fast=True, max_unverified_run=50)
     skip = Plan(k=4, verify=False, min_confidence=0.5, unsure_k=2)
     unsure = Block(tokens=[1, 2, 3], confidences=[0.4, 0.9, 0.9])
-    plan, block, k = gate.confirm(skip, unsure, 4)
+    plan, block, k = gate.after_draft(skip, unsure, 4)
     assert plan.verify and block.tokens == [1, 2] and k == 2
     gate.skipped(Block(tokens=[1], confidences=[0.9], end_reason="confidence"))
     assert gate.gate(skip, ()).verify

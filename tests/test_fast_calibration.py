@@ -98,7 +98,7 @@ def test_the_span_ends_where_the_expected_agreement_would_fall_below_the_target(
     gate.committed(4, verified=True)                     # 4 verified tokens: credit
     plan = gate.gate(skip_plan(), ("draft",))
     block = Block(tokens=list(range(8)), confidences=[0.9] * 8)
-    plan, block, k = gate.confirm(plan, block, 8)
+    plan, block, k = gate.after_draft(plan, block, 8)
     # (4 + 0.9 n) / (4 + n) >= 0.945 holds for n <= 4
     assert not plan.verify and len(block) == k == 4 and block.end_reason == "confidence"
     gate.skipped(block)
@@ -112,7 +112,7 @@ def test_the_span_ends_where_the_expected_agreement_would_fall_below_the_target(
 def test_an_unsure_first_position_goes_to_the_verifier():
     gate = FastModeGate(True, 64, calibration(), min_agreement=0.99)
     plan = gate.gate(skip_plan(), ("draft",))
-    plan, block, k = gate.confirm(plan, Block(tokens=[1, 2], confidences=[0.1, 0.9]), 8)
+    plan, block, k = gate.after_draft(plan, Block(tokens=[1, 2], confidences=[0.1, 0.9]), 8)
     assert plan.verify and len(block) == k == 0
 
 
@@ -122,7 +122,8 @@ def test_a_share_of_confident_spans_is_audited_and_measured():
     audits = 0
     for _ in range(40):
         plan = gate.gate(skip_plan(), ("draft",))
-        plan, block, k = gate.confirm(plan, Block(tokens=[1, 2, 3, 4], confidences=[0.9] * 4), 8)
+        plan, block, k = gate.after_draft(plan, Block(tokens=[1, 2, 3, 4],
+                                                      confidences=[0.9] * 4), 8)
         if plan.verify:
             audits += 1
             assert len(block) == 4                        # the whole confident span is checked
@@ -144,7 +145,7 @@ def test_a_lossless_request_is_untouched_by_the_calibration():
     plan = gate.gate(skip_plan(), ("draft",))
     assert plan.verify and plan.min_confidence == 0.0 and plan.k == 8
     block = Block(tokens=[1, 2], confidences=[0.9, 0.9])
-    assert gate.confirm(plan, block, 2) == (plan, block, 2)
+    assert gate.after_draft(plan, block, 2) == (plan, block, 2)
     gate.observe(verified([0.9, 0.9], accepted=2))       # its checks are still measurements
     assert sum(cal.model("draft").checked) > 1000.0 - 1e-6 and gate.report() is None
 
