@@ -14,7 +14,8 @@ from bench.matrix.channels import held_out_profile, offsets_of, trace_pair
 from bench.matrix.config import ALL_CONFIGURATIONS, BenchConfig, DeviceSpec, fixed_k, load_device
 from bench.matrix.device import ThrottledDraft, joules
 from bench.matrix.oracle import CloudOnly, OraclePolicy, match_runs
-from bench.matrix.goals import Units, goals, overall
+from bench.matrix.goals import CELLS, DECISION_GOALS, EARLIER_GOALS, VERSUS, goals, overall
+from bench.matrix.units import Units
 from bench.matrix.report import format_goals, format_table
 from bench.matrix.results import ROW_FIELDS, GenerationSummary, agreement, rows_of, summarize
 from bench.matrix.stats import Interval, bootstrap, bootstrap_ratio, verdict, versus_one
@@ -299,6 +300,21 @@ def test_goals_without_the_configurations_they_need_say_so():
     other = next(g for g in result if "best other verified" in g.goal)
     assert [c.b for c in other.cells] == ["fixed-k4"]
     assert next(g for g in result if "best fixed k of each" in g.goal).measured == pytest.approx(1.2, rel=0.03)
+
+
+def test_every_goal_row_names_a_known_metric_cell_choice_and_comparison():
+    known = set(ALL_CONFIGURATIONS)
+    for row in (*DECISION_GOALS, *EARLIER_GOALS):
+        assert row.metric in ("speed", "passes", "passes ratio", "mean speed"), row.name
+        assert row.cells in CELLS, row.name
+        assert row.versus in VERSUS or row.versus in known or (row.metric == "passes"
+                                                               and row.versus == ""), row.name
+        assert row.a in known or row.a == "{adaptive}", row.name
+    # one line per row, plus none: every row comes out once, in the table's order
+    speeds = {("lte", "phone", c): 10.0 for c in ("adaptive", "adaptive-pipelined", "fixed-k4")}
+    names = [g.goal for g in goals(_generations(speeds), {"lte": 60.0})]
+    assert len(names) == len(DECISION_GOALS) + len(EARLIER_GOALS)
+    assert names[len(DECISION_GOALS)].startswith("adaptive-pipelined >= 0.95x the best fixed k")
 
 
 def test_pairing_uses_only_units_both_configurations_ran():

@@ -1,18 +1,23 @@
 """The bench's goals: paired tokens/s ratios per cell (channel, device) with bootstrap
-intervals and a verdict against each goal's threshold (bench/matrix/results.py's docstring)."""
+intervals and a verdict against each goal's threshold (bench/matrix/results.py's docstring).
+
+Each goal is one row of data (GoalRow: what is measured, against what, on which cells, the
+threshold); `goals()` evaluates every row the same way. DECISION_GOALS are issue 16's;
+EARLIER_GOALS the earlier issues', measured on `{adaptive}`: adaptive-pipelined when it ran,
+else adaptive (neither ran: one line says so)."""
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from bench.matrix.config import ADAPTIVE_FAMILY, PEERS, UNVERIFIED, fixed_k
 from bench.matrix.results import GenerationSummary, speed
-from bench.matrix.stats import (CONFIDENCE, RESAMPLES, Interval, bootstrap, bootstrap_ratio, divide,
-                               verdict, versus_one)
+from bench.matrix.stats import CONFIDENCE, RESAMPLES, Interval, bootstrap, divide, verdict, versus_one
+from bench.matrix.units import Units
 
 ADAPTIVE = ("adaptive-pipelined", "adaptive")  # the first that ran is "adaptive" in the older goals
 
@@ -54,72 +59,6 @@ def overall(verdicts: Sequence[str]) -> str:
     return "met" if all(v == "met" for v in known) else "tie"
 
 
-class Units:
-    """The generations of one run, indexed by cell, configuration and unit (prompt, offset)."""
-
-    def __init__(self, generations: Iterable[GenerationSummary], resamples: int = RESAMPLES,
-                 confidence: float = CONFIDENCE, seed: int = 0) -> None:
-        self.by: dict[tuple[str, str], dict[str, dict[tuple[int, float], GenerationSummary]]] = {}
-        for g in generations:
-            self.by.setdefault((g.channel, g.device), {}).setdefault(g.config, {})[(g.prompt, g.offset_s)] = g
-        self.resamples, self.confidence, self.seed = resamples, confidence, seed
-
-    def cells(self) -> list[tuple[str, str]]:
-        return list(self.by)
-
-    def configs(self, cell: tuple[str, str]) -> list[str]:
-        return list(self.by[cell])
-
-    def mean_speed(self, cell: tuple[str, str], config: str) -> float:
-        units = self.by[cell][config]
-        return statistics.fmean(speed(g) for g in units.values())
-
-    def best(self, cell: tuple[str, str], candidates: Iterable[str]) -> str | None:
-        """The candidate with the highest mean tokens/s in the cell (on all its units)."""
-        present = [c for c in candidates if c in self.by[cell]]
-        return max(present, key=lambda c: self.mean_speed(cell, c)) if present else None
-
-    def _grouped(self, cell, a: str, b: str | None, num_of, den_of) -> tuple[list[float], list[float]]:
-        """Per prompt, sums over the units both a and b ran (pairing)."""
-        units_a = self.by[cell][a]
-        units_b = self.by[cell][b] if b is not None else units_a
-        num: dict[int, float] = {}
-        den: dict[int, float] = {}
-        for unit in sorted(set(units_a) & set(units_b)):
-            num[unit[0]] = num.get(unit[0], 0.0) + num_of(units_a[unit])
-            den[unit[0]] = den.get(unit[0], 0.0) + den_of(units_b[unit])
-        return list(num.values()), [den[p] for p in num]
-
-    def speed_ratio(self, cell, a: str, b: str) -> Interval:
-        """Mean tokens/s of a over b's on the units both ran, bootstrap interval over prompts."""
-        num, den = self._grouped(cell, a, b, speed, speed)
-        return bootstrap_ratio(num, den, self.resamples, self.confidence, self.seed)
-
-    def passes_per_token(self, cell, a: str) -> Interval:
-        num, den = self._grouped(cell, a, None, lambda g: g.target_passes, lambda g: g.tokens)
-        return bootstrap_ratio(num, den, self.resamples, self.confidence, self.seed)
-
-    def passes_ratio(self, cell, a: str, b: str) -> Interval:
-        """Target passes per token of a over b's, on the units both ran."""
-        ua, ub = self.by[cell][a], self.by[cell][b]
-        sums: dict[int, list[float]] = {}
-        for unit in sorted(set(ua) & set(ub)):
-            row = sums.setdefault(unit[0], [0.0] * 4)
-            for i, v in enumerate((ua[unit].target_passes, ua[unit].tokens,
-                                   ub[unit].target_passes, ub[unit].tokens)):
-                row[i] += v
-        x = np.asarray(list(sums.values()), dtype=float).T.reshape(4, -1)  # [4, prompts]
-        if x.shape[1] == 0 or (x.sum(axis=1)[1:] == 0).any():
-            return Interval(None)
-
-        def stat(idx):
-            s = x[:, idx].sum(axis=2)                                       # [4, resamples]
-            return divide(divide(s[0], s[1]), divide(s[2], s[3]))
-        t = x.sum(axis=1)
-        low, high = bootstrap(stat, x.shape[1], self.resamples, self.confidence, self.seed)
-        return Interval(float((t[0] / t[1]) / (t[2] / t[3])), low, high)
-
-
 def _label(cell: tuple[str, str]) -> str:
     return f"{cell[0]}/{cell[1]}"
 
@@ -149,25 +88,100 @@ def _goal(name: str, threshold: float, cells: list[Comparison], at_most: bool = 
                 tuple(cells))
 
 
-def _ratio_cells(units: Units, a: str, others, threshold: float,
-                 where=lambda cell: True) -> list[Comparison]:
-    """Per cell where a ran: a's tokens/s over the best of `others(cell)` (chosen on the
-    cell's means), with interval and verdict."""
-    out = []
-    for cell in units.cells():
-        if a not in units.configs(cell) or not where(cell):
-            continue
-        b = units.best(cell, others(cell))
-        if b is None:
-            continue
-        r = units.speed_ratio(cell, a, b)
-        out.append(Comparison(_label(cell), a, b, r.value, r.low, r.high,
-                              verdict(r, threshold), versus_one(r)))
-    return out
-
-
 def _geomean(values: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values and min(values) > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class GoalRow:
+    """One goal as data; `name`, `scope` and `a` are formatted with the run's GoalSettings
+    and `adaptive`."""
+    name: str
+    a: str                     # the configuration measured
+    metric: str                # "speed": a's tokens/s over b's; "passes": a's target passes per
+                               # token; "passes ratio": a's over b's; "mean speed": a over the
+                               # single b best on average, geometric mean over the cells
+    versus: str = ""           # b: per cell the best (on the cell's mean tokens/s) of
+                               # VERSUS[versus], or that one configuration
+    threshold: float | str = 0.0  # a number, or the name of a GoalSettings field
+    cells: str = "all"         # which cells count: a key of CELLS
+    at_most: bool = False      # met when the value stays at or below the threshold
+    requires: tuple[str, ...] = ()  # configurations that must all have run, else one line says so
+    scope: str = ""            # appended to the name when `requires` ran
+    empty: str = "no profile to measure it on"  # the detail when no cell counts
+
+
+@dataclass(frozen=True)
+class GoalSettings:
+    """What the rows' names, thresholds and cell choices read from the run (goals()'s
+    arguments, where the defaults are)."""
+    rtt_ms: dict[str, float]   # base RTT per channel
+    lte_channel: str
+    phone_device: str
+    peer_rtt_ms: float
+    pipelining_rtt_ms: float
+    cap_passes_per_token: float
+
+
+DECISION_GOALS = (
+    GoalRow("adaptive >= 0.95x the best other verified configuration (cloud-only included)",
+            "adaptive", "speed", "verified others", 0.95),
+    GoalRow("adaptive >= 1.1x the best peer rule (RTT >= {peer_rtt_ms:g} ms)",
+            "adaptive", "speed", "peers", 1.1, cells="far from peers"),
+    GoalRow("adaptive-capped >= 0.95x the best fixed k", "adaptive-capped", "speed", "fixed k", 0.95),
+    GoalRow("adaptive-capped >= 0.95x the best fixed k within {cap_passes_per_token:.2f} "
+            "passes/token",
+            "adaptive-capped", "speed", "fixed k within the cap", 0.95,
+            empty="no fixed k within the cap ran"),
+    GoalRow("adaptive-capped target passes per token <= {cap_passes_per_token:.2f}",
+            "adaptive-capped", "passes", threshold="cap_passes_per_token", at_most=True),
+)
+EARLIER_GOALS = (
+    GoalRow("{adaptive} >= 0.95x the best fixed k of each profile", "{adaptive}", "speed",
+            "fixed k", 0.95),
+    GoalRow("{adaptive} >= 1.15x the single fixed k best on average", "{adaptive}", "mean speed",
+            "fixed k", 1.15, empty="no fixed-k configuration ran"),
+    GoalRow("pipelining >= 1.3x without it", "adaptive-pipelined", "speed", "adaptive", 1.3,
+            cells="far phone", requires=("adaptive", "adaptive-pipelined"),
+            scope=" (RTT >= {pipelining_rtt_ms:g} ms, {phone_device})"),
+    GoalRow("{adaptive} within 80% of the oracle", "{adaptive}", "speed", "oracle", 0.8),
+    GoalRow("{adaptive} target passes per token <= 0.25 on {lte_channel}", "{adaptive}", "passes",
+            threshold=0.25, cells="lte", at_most=True),
+    GoalRow("on {lte_channel}: {adaptive} >= 0.8x cloud-only tokens/s", "{adaptive}", "speed",
+            "cloud-only", 0.8, cells="lte"),
+    GoalRow("on {lte_channel}: {adaptive} target passes <= 0.25x cloud-only's", "{adaptive}",
+            "passes ratio", "cloud-only", 0.25, cells="lte", at_most=True),
+)
+
+Cell = tuple[str, str]  # (channel, device)
+
+# Which cells a goal counts.
+CELLS: dict[str, Callable[[GoalSettings, Cell], bool]] = {
+    "all": lambda s, cell: True,
+    "far from peers": lambda s, cell: s.rtt_ms.get(cell[0], 0.0) >= s.peer_rtt_ms,
+    "far phone": lambda s, cell: (cell[1] == s.phone_device
+                                  and s.rtt_ms.get(cell[0], 0.0) >= s.pipelining_rtt_ms),
+    "lte": lambda s, cell: cell[0] == s.lte_channel,
+}
+
+
+def _fixed(units: Units, s: GoalSettings, cell: Cell) -> list[str]:
+    return [c for c in units.configs(cell) if fixed_k(c) is not None]
+
+
+# The configurations a goal's `a` is held against in a cell (it takes the best of them there).
+VERSUS: dict[str, Callable[[Units, GoalSettings, Cell], list[str]]] = {
+    # every verified configuration but the adaptive controller's
+    "verified others": lambda units, s, cell: [
+        c for c in units.configs(cell)
+        if c not in ADAPTIVE_FAMILY and c not in UNVERIFIED and c != "oracle"],
+    "peers": lambda units, s, cell: list(PEERS),
+    "fixed k": _fixed,
+    # a fixed k spending more than the cap is not an option under it
+    "fixed k within the cap": lambda units, s, cell: [
+        c for c in _fixed(units, s, cell)
+        if (units.passes_per_token(cell, c).value or 0.0) <= s.cap_passes_per_token],
+}
 
 
 def goals(generations: Sequence[GenerationSummary], rtt_ms: dict[str, float], *, lte_channel: str = "lte",
@@ -177,94 +191,74 @@ def goals(generations: Sequence[GenerationSummary], rtt_ms: dict[str, float], *,
     """The issues' goals, each measured in this one run per cell, with intervals
     (rtt_ms: base RTT per channel). First the decision goals (issue 16), then the older ones."""
     units = Units(generations, resamples, confidence, seed)
+    settings = GoalSettings(rtt_ms, lte_channel, phone_device, peer_rtt_ms, pipelining_rtt_ms,
+                            cap_passes_per_token)
     configs = {c for cell in units.cells() for c in units.configs(cell)}
-    out: list[Goal] = []
-
-    def verified_others(cell):  # every verified configuration but the adaptive controller's
-        return [c for c in units.configs(cell)
-                if c not in ADAPTIVE_FAMILY and c not in UNVERIFIED and c != "oracle"]
-
-    def fixed(cell):
-        return [c for c in units.configs(cell) if fixed_k(c) is not None]
-
-    def far(cell):
-        return rtt_ms.get(cell[0], 0.0) >= peer_rtt_ms
-
-    name = "adaptive >= 0.95x the best other verified configuration (cloud-only included)"
-    out.append(_goal(name, 0.95, _ratio_cells(units, "adaptive", verified_others, 0.95)))
-    name = f"adaptive >= 1.1x the best peer rule (RTT >= {peer_rtt_ms:g} ms)"
-    out.append(_goal(name, 1.1, _ratio_cells(units, "adaptive", lambda cell: PEERS, 1.1, far)))
-    name = "adaptive-capped >= 0.95x the best fixed k"
-    out.append(_goal(name, 0.95, _ratio_cells(units, "adaptive-capped", fixed, 0.95)))
-
-    def fixed_within_cap(cell):  # a fixed k spending more than the cap is not an option under it
-        return [c for c in fixed(cell)
-                if (units.passes_per_token(cell, c).value or 0.0) <= cap_passes_per_token]
-
-    name = f"adaptive-capped >= 0.95x the best fixed k within {cap_passes_per_token:.2f} passes/token"
-    out.append(_goal(name, 0.95, _ratio_cells(units, "adaptive-capped", fixed_within_cap, 0.95),
-                     empty="no fixed k within the cap ran"))
-    cells = []
-    for cell in units.cells():
-        if "adaptive-capped" in units.configs(cell):
-            r = units.passes_per_token(cell, "adaptive-capped")
-            cells.append(Comparison(_label(cell), "adaptive-capped", "", r.value, r.low, r.high,
-                                    verdict(r, cap_passes_per_token, at_most=True), ""))
-    out.append(_goal(f"adaptive-capped target passes per token <= {cap_passes_per_token:.2f}",
-                     cap_passes_per_token, cells, at_most=True))
-
-    # ---- the earlier issues' goals (adaptive = adaptive-pipelined when it ran) ----
+    out = [evaluate(row, units, settings, configs) for row in DECISION_GOALS]
     adaptive = next((c for c in ADAPTIVE if c in configs), None)
     if adaptive is None:
         return out + [Goal("adaptive configurations", None, None, "neither adaptive nor "
                            "adaptive-pipelined ran")]
-    name = f"{adaptive} >= 0.95x the best fixed k of each profile"
-    out.append(_goal(name, 0.95, _ratio_cells(units, adaptive, fixed, 0.95)))
+    return out + [evaluate(row, units, settings, configs, adaptive) for row in EARLIER_GOALS]
 
-    name = f"{adaptive} >= 1.15x the single fixed k best on average"
-    shared = [c for c in units.cells() if adaptive in units.configs(c)]
-    fixed_all = sorted(set.intersection(*(set(fixed(c)) for c in shared)) if shared else set(), key=fixed_k)
-    if fixed_all:
-        best = max(fixed_all, key=lambda f: _geomean([units.mean_speed(c, f) for c in shared]))
-        out.append(_average_goal(units, name, adaptive, best, shared))
-    else:
-        out.append(Goal(name, None, None, "no fixed-k configuration ran", threshold=1.15))
 
-    if {"adaptive", "adaptive-pipelined"} <= configs:
-        cells = _ratio_cells(units, "adaptive-pipelined", lambda cell: ["adaptive"], 1.3,
-                             lambda cell: cell[1] == phone_device
-                             and rtt_ms.get(cell[0], 0.0) >= pipelining_rtt_ms)
-        out.append(_goal(f"pipelining >= 1.3x without it (RTT >= {pipelining_rtt_ms:g} ms, "
-                         f"{phone_device})", 1.3, cells))
-    else:
-        out.append(Goal("pipelining >= 1.3x without it", None, None,
-                        "needs both adaptive and adaptive-pipelined", threshold=1.3))
-
-    out.append(_goal(f"{adaptive} within 80% of the oracle", 0.8,
-                     _ratio_cells(units, adaptive, lambda cell: ["oracle"], 0.8)))
-    lte = [c for c in units.cells() if c[0] == lte_channel and adaptive in units.configs(c)]
+def evaluate(row: GoalRow, units: Units, s: GoalSettings, configs: set[str],
+             adaptive: str = "") -> Goal:
+    """One row of the table measured on every cell it counts."""
+    names = {**vars(s), "adaptive": adaptive}
+    name, a = row.name.format(**names), row.a.format(**names)
+    threshold = getattr(s, row.threshold) if isinstance(row.threshold, str) else row.threshold
+    if not set(row.requires) <= configs:
+        return Goal(name, None, None, f"needs both {' and '.join(row.requires)}",
+                    threshold=threshold)
+    name += row.scope.format(**names)
+    counted = [cell for cell in units.cells()
+               if a in units.configs(cell) and CELLS[row.cells](s, cell)]
+    if row.metric == "mean speed":
+        return _mean_speed_goal(units, s, name, a, row, counted)
     cells = []
-    for cell in lte:
-        r = units.passes_per_token(cell, adaptive)
-        cells.append(Comparison(_label(cell), adaptive, "", r.value, r.low, r.high,
-                                verdict(r, 0.25, at_most=True), ""))
-    out.append(_goal(f"{adaptive} target passes per token <= 0.25 on {lte_channel}", 0.25, cells,
-                     at_most=True))
-    out.append(_goal(f"on {lte_channel}: {adaptive} >= 0.8x cloud-only tokens/s", 0.8,
-                     _ratio_cells(units, adaptive, lambda cell: ["cloud-only"], 0.8,
-                                  lambda cell: cell[0] == lte_channel)))
-    cells = []
-    for cell in lte:
-        if "cloud-only" in units.configs(cell):
-            r = units.passes_ratio(cell, adaptive, "cloud-only")
-            cells.append(Comparison(_label(cell), adaptive, "cloud-only", r.value, r.low, r.high,
-                                    verdict(r, 0.25, at_most=True), ""))
-    out.append(_goal(f"on {lte_channel}: {adaptive} target passes <= 0.25x cloud-only's", 0.25,
-                     cells, at_most=True))
-    return out
+    for cell in counted:
+        if row.metric == "speed":
+            b = units.best(cell, _versus(row, units, s, cell))
+            if b is None:
+                continue
+            r = units.speed_ratio(cell, a, b)
+            cells.append(Comparison(_label(cell), a, b, r.value, r.low, r.high,
+                                    verdict(r, threshold), versus_one(r)))
+        elif row.metric == "passes":
+            r = units.passes_per_token(cell, a)
+            cells.append(Comparison(_label(cell), a, "", r.value, r.low, r.high,
+                                    verdict(r, threshold, at_most=row.at_most), ""))
+        elif row.metric == "passes ratio":
+            if row.versus not in units.configs(cell):
+                continue
+            r = units.passes_ratio(cell, a, row.versus)
+            cells.append(Comparison(_label(cell), a, row.versus, r.value, r.low, r.high,
+                                    verdict(r, threshold, at_most=row.at_most), ""))
+        else:
+            raise ValueError(f"goal {row.name!r}: unknown metric {row.metric!r}")
+    return _goal(name, threshold, cells, at_most=row.at_most, empty=row.empty)
 
 
-def _average_goal(units: Units, name: str, a: str, b: str, cells: list[tuple[str, str]]) -> Goal:
+def _versus(row: GoalRow, units: Units, s: GoalSettings, cell: Cell) -> list[str]:
+    return VERSUS[row.versus](units, s, cell) if row.versus in VERSUS else [row.versus]
+
+
+def _mean_speed_goal(units: Units, s: GoalSettings, name: str, a: str, row: GoalRow,
+                     cells: list[Cell]) -> Goal:
+    """a over the one b of VERSUS[row.versus] (run in every cell) with the best geometric mean
+    of tokens/s over the cells."""
+    shared = (set.intersection(*(set(_versus(row, units, s, c)) for c in cells))
+              if cells else set())
+    if not shared:
+        return Goal(name, None, None, row.empty, threshold=row.threshold)
+    best = max(sorted(shared, key=fixed_k),
+               key=lambda b: _geomean([units.mean_speed(c, b) for c in cells]))
+    return _average_goal(units, name, a, best, cells, row.threshold)
+
+
+def _average_goal(units: Units, name: str, a: str, b: str, cells: list[Cell],
+                  threshold: float) -> Goal:
     """Geometric mean over cells of a's tokens/s over b's, one joint bootstrap of the prompts
     (prompt p is the same text in every cell)."""
     prompts = sorted({u[0] for cell in cells for u in set(units.by[cell][a]) & set(units.by[cell][b])})
@@ -277,7 +271,7 @@ def _average_goal(units: Units, name: str, a: str, b: str, cells: list[tuple[str
             num[j, index[unit[0]]] += speed(ua[unit])
             den[j, index[unit[0]]] += speed(ub[unit])
     if not prompts or (den.sum(axis=1) == 0).any() or (num.sum(axis=1) == 0).any():
-        return Goal(name, None, None, "a zero speed: no geometric mean", threshold=1.15)
+        return Goal(name, None, None, "a zero speed: no geometric mean", threshold=threshold)
 
     def stat(idx):
         ratios = divide(num[:, idx].sum(axis=2), den[:, idx].sum(axis=2))   # [cells, resamples]
@@ -286,9 +280,9 @@ def _average_goal(units: Units, name: str, a: str, b: str, cells: list[tuple[str
     value = _geomean(list(num.sum(axis=1) / den.sum(axis=1)))
     low, high = bootstrap(stat, len(prompts), units.resamples, units.confidence, units.seed)
     interval = Interval(value, low, high)
-    result = verdict(interval, 1.15)
+    result = verdict(interval, threshold)
     return Goal(name, value, {"met": True, "not met": False}.get(result),
                 f"{b} is best on average (geometric mean over {len(cells)} profiles); "
                 f"ratio = geometric mean {interval_text(value, low, high)}",
-                low, high, result, 1.15,
+                low, high, result, threshold,
                 (Comparison("all", a, b, value, low, high, result, versus_one(interval)),))
