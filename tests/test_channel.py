@@ -23,6 +23,7 @@ from bench.channel import (PACKET_BYTES, ChannelProfile, ChannelProxy, LinkSpec,
                            TraceError, load_profile, load_trace, parse_trace)
 from bench.channel.link import DirectionLink, StreamClock
 from tandem.config import ConfigError
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CHANNELS = ROOT / "configs/channels"
@@ -133,13 +134,6 @@ def profile(**fields) -> ChannelProfile:
     fields.setdefault("uplink", LinkSpec(rate_mbps=100.0))
     fields.setdefault("downlink", LinkSpec(rate_mbps=100.0))
     return ChannelProfile(name="test", **fields)
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -462,7 +456,7 @@ def test_outage_resets_open_connections_refuses_new_ones_then_recovers(echo_serv
             with connect(proxy.address) as during:
                 during.sendall(b"during")
                 during.recv(16)
-        wait_until(lambda: proxy.now() >= 1.45)
+        wait_for(lambda: proxy.now() >= 1.45, "the proxy clock at 1.45 s", TIMEOUT_S)
         with connect(proxy.address) as after:
             assert round_trip_ms(after, b"after") < 100
         stats = proxy.stats()
@@ -497,9 +491,10 @@ def test_rewind_first_delivers_what_the_last_request_left_in_a_trace_gap(echo_se
         with connect(proxy.address) as sock:
             proxy.rewind(0.0)
             assert round_trip_ms(sock, b"request") < 100
-            wait_until(lambda: proxy.link_time() > 0.3)       # inside the gap
+            wait_for(lambda: proxy.link_time() > 0.3, "link time inside the gap", TIMEOUT_S)
             sock.sendall(b"closing")                           # due at link time 1.5 s
-            wait_until(lambda: proxy.stats().uplink.bytes_in == len(b"requestclosing"))
+            wait_for(lambda: proxy.stats().uplink.bytes_in == len(b"requestclosing"),
+                     "every uplink byte in", TIMEOUT_S)
             proxy.rewind(0.0)
             assert recv_exactly(sock, 7) == b"closing"         # delivered before the rewind
             assert proxy.link_time() < 0.1
@@ -522,7 +517,7 @@ def test_many_concurrent_connections_and_stats_equal_endpoint_counts(echo_server
     with ChannelProxy(prof, upstream=echo_server.address) as proxy:
         with ThreadPoolExecutor(len(payloads)) as pool:
             echoed = list(pool.map(exchange, payloads))
-        wait_until(lambda: proxy.stats().active == 0)
+        wait_for(lambda: proxy.stats().active == 0, "no connection active", TIMEOUT_S)
         stats = proxy.stats()
     assert echoed == payloads
     total = sum(map(len, payloads))

@@ -14,7 +14,6 @@ import contextlib
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 
 import grpc
@@ -28,6 +27,7 @@ from cloud.runtime.target import TargetRuntime
 from cloud.service import CloudServer, create_server
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
+from waiting import wait_for
 
 TIMEOUT = 20.0  # seconds any wait may take before the test fails instead of hanging
 K = 4           # draft tokens per round
@@ -128,13 +128,6 @@ class Stream:
         self._requests.put(None)
         with contextlib.suppress(StopIteration, grpc.RpcError):
             next(self.call)
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def ended(caplog, session_id: str) -> Callable[[], bool]:

@@ -29,6 +29,7 @@ import torch
 from test_verifier_limits import Stream as RawStream
 from verifier_harness import (channel_to, open_draft, start_verifier,  # noqa: F401 (fixtures)
                               edge_tokenizer, prompt_ids, reference, target_runtime)
+from waiting import wait_for
 
 from bench.channel import ChannelProfile, ChannelProxy
 from bench.load import cloud_info, free_port
@@ -392,14 +393,6 @@ def test_daemon_link_state_is_probed_and_a_cancelled_request_frees_its_slot_at_o
     def health(url: str) -> dict:
         return httpx.get(url + "/healthz", timeout=5).json()
 
-    def wait_for(predicate, timeout_s: float) -> float | None:
-        started = time.monotonic()
-        while time.monotonic() - started < timeout_s:
-            if predicate():
-                return time.monotonic() - started
-            time.sleep(0.02)
-        return None
-
     verifier.signal(signal.SIGSTOP)
     try:
         daemon = DaemonThread(load_engine(config)).start()
@@ -408,7 +401,7 @@ def test_daemon_link_state_is_probed_and_a_cancelled_request_frees_its_slot_at_o
         verifier.signal(signal.SIGCONT)
     try:
         assert first["link_state"] == "down" and "unreachable" in first["link_detail"], first
-        assert wait_for(lambda: health(daemon.url)["link_state"] == "up", RECOVERY_S) is not None
+        wait_for(lambda: health(daemon.url)["link_state"] == "up", "the link up", RECOVERY_S)
         body = {"model": "tandem-draft", "prompt": "def f(x):\n", "max_tokens": 400,
                 "temperature": 0, "stream": True, "ignore_eos": True}
         with httpx.Client(timeout=30) as http:
@@ -421,9 +414,11 @@ def test_daemon_link_state_is_probed_and_a_cancelled_request_frees_its_slot_at_o
                 assert health(daemon.url)["inflight"] == 1
                 disconnected = time.monotonic()
             # Leaving the block closed the connection mid-stream.
-        freed = wait_for(lambda: health(daemon.url)["inflight"] == 0, 5.0)
-        verifier.signal(signal.SIGCONT)
-        assert freed is not None and time.monotonic() - disconnected <= 5.0
+        try:
+            freed = wait_for(lambda: health(daemon.url)["inflight"] == 0, "the slot freed", 5.0)
+        finally:
+            verifier.signal(signal.SIGCONT)
+        assert time.monotonic() - disconnected <= 5.0
         print(f"daemon: slot freed {freed:.3f} s after the disconnect")
         assert freed <= slot_freed_s, f"the slot was freed {freed:.2f} s after the disconnect"
     finally:
