@@ -64,8 +64,7 @@ class Generation:
                             unsure_k=config.entropy.fast_unsure_k)
         self.state = state = GenerationState(request, policy, gate, on_tokens, on_round,
                                              stop_event)
-        link.wait_rule = offline.wait_rule()
-        link.should_stop = state.stopped
+        link.bind(offline.wait_rule(), state.stopped)
         self.ctx = ctx = RoundContext(
             state=state, cursors=cursors, default_cursor=cursor,
             chooser=TokenChooser(request.sampling, config.q_scale), link=link,

@@ -68,12 +68,13 @@ class VerifierLink:
     """Open / send a block without waiting / await its verdict, with byte counting.
 
     One link per generation; it may hold several streams in turn (re-opens). Not thread-safe.
+    The generation gives it its wait rule and stop signal (bind) before the first open.
     """
 
     def __init__(self, stub: pb_grpc.DecodingStub, metadata: Sequence[tuple[str, str]], *,
                  session_id: str, target_model: str, fingerprint: str, sampling: SamplingParams,
-                 should_stop: Callable[[], bool] = lambda: False, fast: bool = False,
-                 pinned_digest: str = "", offered_codec: QCodec | None = None) -> None:
+                 fast: bool = False, pinned_digest: str = "",
+                 offered_codec: QCodec | None = None) -> None:
         self.stub = stub
         # The session id rides on every call (Session streams and the probes of its waits): a
         # balancer that hashes it (ring_hash, docker/nginx-grpc.conf) keeps the session on one
@@ -83,7 +84,7 @@ class VerifierLink:
         self.target_model = target_model
         self.fingerprint = fingerprint
         self.sampling = sampling
-        self.should_stop = should_stop
+        self.should_stop: Callable[[], bool] = lambda: False  # the generation's: bind
         self.fast = fast             # open in MODE_FAST: blocks may carry unverified tokens
         # The coded q format this edge offers (Open.q_codecs), and the one the open stream
         # negotiated (Opened.q_codec; None: plain SparseDistribution messages).
@@ -94,7 +95,7 @@ class VerifierLink:
         self.pinned_digest = pinned_digest
         self.seen_digest: str | None = None
         self.open_rtt_s: float | None = None
-        # How long a wait may go on (set by the loop from the client config: WaitRule).
+        # How long a wait may go on (the generation's: bind).
         self.wait_rule = WaitRule()
         self.prefill_s = 0.0
         # Context length the verifier holds (set by Opened and each verdict): in fast mode the
@@ -108,6 +109,14 @@ class VerifierLink:
         self.price = 0.0
         self.wire_round = 0          # Draft.round of the last block sent
         self.totals = LinkTotals()
+
+    def bind(self, wait_rule: WaitRule, should_stop: Callable[[], bool]) -> None:
+        """Give the link its generation's wait rule (the request's offline policy:
+        OfflineControl.wait_rule) and stop signal; every later open and wait goes by them.
+        Called once, by the generation that uses the link (edge/generation.py), before any
+        open: the link is built per generation, before the generation's state exists."""
+        self.wait_rule = wait_rule
+        self.should_stop = should_stop
 
     @property
     def is_open(self) -> bool:
