@@ -83,10 +83,11 @@ class Caps:
         return block_length(k, remaining, context_length, max_draft_length=self.max_draft_length,
                             max_context=self.max_context)
 
-    def q_entries(self, asked: int | None = None) -> int:
-        """Sparse-q entries per position: the plan's, else the config's (the coded q's own cap,
-        client.coded_q_entries, when the session codes q and the plan did not lower it), within
-        the verifier's limit."""
+    def q_entries_cap(self, asked: int | None = None) -> int:
+        """The most sparse-q entries a drafted position may carry: the plan's, else the config's
+        (the coded q's own cap, client.coded_q_entries, when the session codes q and the plan
+        did not lower it), within the verifier's limit. (What a round asked is
+        RoundRecord.q_entries: 0 when greedy.)"""
         entries = asked or self.max_q_entries
         if self.link.q_codec is not None and entries >= self.max_q_entries:
             entries = self.coded_q_entries

@@ -75,7 +75,7 @@ class GenerationState:
                          link_state=LinkState.DOWN if self.local else LinkState.UP,
                          sampling=not self.request.sampling.greedy,
                          history=self.result.rounds_log, context_length=len(self.context),
-                         max_q_entries=caps.q_entries(), server_load=server_load,
+                         max_q_entries=caps.q_entries_cap(), server_load=server_load,
                          fast=self.gate.fast, max_send_ahead=caps.window(), drafters=drafters,
                          price=price,
                          min_tokens_per_s=getattr(self.request, "min_tokens_per_s", None))

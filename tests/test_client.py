@@ -62,15 +62,16 @@ class _Link:
 
 def test_caps_use_the_coded_q_cap_when_the_session_codes_q():
     coded = Caps(_Link(q_codec=object()), n_ctx=512, max_q_entries=16, coded_q_entries=24)
-    assert coded.q_entries() == 24 and coded.q_entries(8) == 8  # a plan may still lower it
-    assert Caps(_Link(), n_ctx=512, max_q_entries=16, coded_q_entries=24).q_entries() == 16
+    assert coded.q_entries_cap() == 24 and coded.q_entries_cap(8) == 8  # a plan may lower it
+    assert Caps(_Link(), n_ctx=512, max_q_entries=16,
+                coded_q_entries=24).q_entries_cap() == 16
 
 
 def test_caps_without_limits_leave_the_edge_its_own_bounds():
     caps = Caps(_Link(), n_ctx=512, max_q_entries=32)
     assert caps.max_draft_length is None and caps.max_k(100, 5, 8) == 8
     assert caps.max_context == 512 and caps.max_k(100, 512) is None
-    assert (caps.q_entries(), caps.q_entries(8), caps.vocab(100)) == (32, 8, 100)
+    assert (caps.q_entries_cap(), caps.q_entries_cap(8), caps.vocab(100)) == (32, 8, 100)
     assert (caps.window(4), caps.generate_tokens) == (1, 0)
 
 
@@ -80,7 +81,7 @@ def test_caps_read_zero_as_the_proto_says():
     caps = Caps(_Link(limits()), n_ctx=512, max_q_entries=32)
     assert caps.max_draft_length == 0 and caps.max_k(100, 5, 8) == 0
     assert caps.max_context == 512
-    assert (caps.q_entries(), caps.vocab(100), caps.window(4), caps.generate_tokens) == \
+    assert (caps.q_entries_cap(), caps.vocab(100), caps.window(4), caps.generate_tokens) == \
         (32, 100, 1, 0)
 
 
@@ -90,7 +91,7 @@ def test_caps_take_the_tighter_of_the_verifier_and_the_edge():
                 n_ctx=64, max_q_entries=32)
     assert caps.max_k(100, 5, 8) == 3 and caps.max_context == 64
     assert caps.max_k(100, 62) == 1 and caps.max_k(100, 64) is None
-    assert (caps.q_entries(), caps.q_entries(8), caps.vocab(100)) == (16, 8, 50)
+    assert (caps.q_entries_cap(), caps.q_entries_cap(8), caps.vocab(100)) == (16, 8, 50)
     assert (caps.window(), caps.window(1), caps.generate_tokens) == (2, 1, 7)
 
 

@@ -37,13 +37,14 @@ class RoundContext:
         self.chooser.codec = self.link.q_codec  # the quantizer of the q format negotiated
         return cursor.draft(self.state.context if context is None else context, k, self.chooser,
                             vocab_size=self.caps.vocab(cursor.runtime.vocab_size),
-                            max_entries=self.caps.q_entries(plan.q_entries),
+                            max_entries=self.caps.q_entries_cap(plan.q_entries),
                             stop_ids=self.state.request.stop_ids,
                             min_confidence=plan.min_confidence)
 
     def q_entries(self, plan: Plan) -> int:
-        """Sparse-q entries per position a block carries (0 = greedy)."""
-        return 0 if self.state.request.sampling.greedy else self.caps.q_entries(plan.q_entries)
+        """Sparse-q entries per position the round's block carries, as its RoundRecord reports
+        them (0 = greedy); the cap they come from is Caps.q_entries_cap."""
+        return 0 if self.state.request.sampling.greedy else self.caps.q_entries_cap(plan.q_entries)
 
     def await_verdict(self, sent: Sent, allow_discarded: bool = False) -> tuple[pb.Verdict, int]:
         """The verdict of `sent` under the WaitRule: late after the offline policy's late_s."""
