@@ -46,6 +46,7 @@ class ForwardResult:
     batch_size: int       # jobs in that pass
     verdict: Any = None   # cloud.verify.Verdict when the pass's thread ran the round's test
     verify_ms: float = 0.0  # that batched test (shared by the pass's rounds)
+    positions: int = 0      # tokens the pass fed, all its jobs together (0: not counted)
 
 
 @dataclass
@@ -187,6 +188,7 @@ class Batcher:
         self.batches_run += 1
         self.largest_batch = max(self.largest_batch, len(batch))
         self.size_counts[len(batch)] += 1  # read by Info (load reports); ints, no lock needed
+        positions = sum(len(job.tokens) for job in batch)
         for i, job in enumerate(batch):
             if isinstance(verdicts[i], Exception):
                 job.future.set_exception(verdicts[i])
@@ -194,4 +196,4 @@ class Batcher:
             job.future.set_result(ForwardResult(
                 logits=outputs[i], queue_ms=(started - job.submitted) * 1000.0,
                 forward_ms=forward_ms, batch_size=len(batch), verdict=verdicts[i],
-                verify_ms=verify_ms))
+                verify_ms=verify_ms, positions=positions))

@@ -15,25 +15,28 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
 from cloud.backend import TargetBackend
+from cloud.batcher import ForwardResult
 from cloud.config import BatchSettings, LimitSettings
+from cloud.engine_api import (Discarded, DraftRequest, EvictedNotice, GeneratedToken,
+                              GenerateRequest, Limits, Opened, OpenRequest, RoundResult, Timings)
 from cloud.errors import (ContextTooLong, InvalidRequest, ModelNotServed, PreconditionFailed,
                           SessionNotFound, ZeroDraftProbability)
 from cloud.identity import TargetIdentity, identify
 from cloud.metrics import VerifierMetrics
+from cloud.pass_cost import PassCosts
 from cloud.price import PassPrice
 from cloud.runtime.target import TargetRuntime
 from cloud.runtime.torch_backend import TorchBackend
 from cloud.sessions import Session, SessionTable
-from cloud.verify import RoundCheck, Verdict, verify_round
+from cloud.verify import RoundCheck, verify_round
 from tandem.codec import InvalidDistribution, SparseDist
 from tandem.metrics import tau
 from tandem.qcodec import QCodec, codec_for
-from tandem.sampling import SamplingParams, warp
+from tandem.sampling import warp
 
 log = logging.getLogger(__name__)
 
@@ -41,105 +44,12 @@ MODES = (0, 1, 2)  # tandem.v1.Mode: unspecified (= lossless), lossless, fast
 MODE_FAST = 2
 
 
-@dataclass(frozen=True)
-class Limits:
-    max_draft_length: int
-    max_context: int
-    vocab_size: int
-    max_q_entries: int
-    max_in_flight: int = 1          # Draft blocks in flight (send-ahead)
-    max_generate_tokens: int = 0    # tokens per Generate; 0 = not served
-
-
-@dataclass(frozen=True)
-class OpenRequest:
-    session_id: str
-    model: str
-    tokenizer_fingerprint: str
-    context_ids: list[int]
-    sampling: SamplingParams
-    mode: int = 0
-    q_codecs: tuple[str, ...] = ()  # coded q formats the edge can send, preferred first
-
-
-@dataclass(frozen=True)
-class Opened:
-    session: Session
-    load: float
-    prefill_ms: float
-    q_codec: str = ""  # the coded q format the session's Drafts may use; "" = none
-
-
-@dataclass(frozen=True)
-class DraftRequest:
-    round: int
-    start: int
-    tokens: list[int]
-    q: list[SparseDist]  # one per token when sampling; ignored for greedy
-    q_coded: bytes = b""  # instead of q: the block's q coded with the session's q codec
-    # Fast mode: tokens the edge emitted unverified since the last verdict; appended to the
-    # context before the block (they are context, not candidates: never tested).
-    unverified: tuple[int, ...] = ()
-    # Send-ahead: built on the previous block being fully accepted with bonus `assumed_token`;
-    # answered Discarded (not scored) when the verified context turned out otherwise.
-    ahead: bool = False
-    assumed_token: int = 0
-    in_flight: int = 1  # blocks the edge has in flight with this one
-
-
-@dataclass(frozen=True)
-class GenerateRequest:
-    round: int
-    start: int
-    max_tokens: int
-    stop_ids: frozenset[int] = frozenset()
-
-
-@dataclass(frozen=True)
-class Timings:
-    queue_ms: float
-    forward_ms: float
-    verify_ms: float
-    batch_size: int
-
-
-@dataclass(frozen=True)
-class RoundResult:
-    round: int
-    verdict: Verdict
-    context_length: int  # start + accepted + 1
-    timings: Timings
-
-
-@dataclass(frozen=True)
-class EvictedNotice:
-    session_id: str
-    round: int
-
-
-@dataclass(frozen=True)
-class Discarded:
-    """An `ahead` block whose assumed prefix the target rejected: not scored."""
-    round: int
-    context_length: int
-
-
-@dataclass(frozen=True)
-class GeneratedToken:
-    token: int
-    context_length: int
-    done: bool
-    timings: Timings
-
-
 class Verifier:
     def __init__(self, runtime: TargetRuntime | TargetBackend, limits: LimitSettings,
                  batch: BatchSettings) -> None:
         if not isinstance(runtime, TargetBackend):  # a bare TargetRuntime: the torch backend
             runtime = TorchBackend(runtime, batch)
-        follow = getattr(runtime, "follow_sessions", None)  # a batching backend: our sessions
-        if follow is not None:
-            follow(lambda: self.table.active)
+        runtime.follow_sessions(lambda: self.table.active)  # a batching backend: our sessions
         self.runtime = runtime  # the TargetBackend (cloud/backend.py) every model call goes to
         self.limits = Limits(
             max_draft_length=limits.max_draft_length,
@@ -150,16 +60,19 @@ class Verifier:
             max_generate_tokens=limits.max_generate_tokens)
         self.table = SessionTable(limits.kv_budget_bytes, limits.max_sessions)
         # What edges check on every open: the served name and a hash of weights and tokenizer.
-        self.identity: TargetIdentity = getattr(runtime, "identity", None) or identify(
+        self.identity: TargetIdentity = runtime.identity or identify(
             runtime.model_dir, runtime.name, runtime.fingerprint)
         # The price edges read (cloud/price.py), from every job's wait for its pass.
         self.price = PassPrice(batch.target_queue_ms)
+        # What a drafted position costs here (cloud/pass_cost.py), from every pass's time.
+        self.pass_costs = PassCosts(runtime.position_ms)
         self.metrics = VerifierMetrics(model=runtime.name)
         self.metrics.watch(sessions=lambda: self.table.active,
                            kv_bytes=lambda: self.table.used_bytes,
                            kv_budget_bytes=limits.kv_budget_bytes)
-        self.metrics.watch_price(self.price.value, self.price.queue_delay_ms)
-        self.batcher = getattr(runtime, "batcher", None)  # the torch backend's; None on vLLM
+        self.metrics.watch_price(self.price.value, self.price.queue_delay_ms,
+                                 self.pass_costs.position_cost)
+        self.batcher = runtime.batcher  # the torch backend's; None on vLLM
         # The coded q format this verifier accepts (tandem/qcodec.py), and the time spent
         # decoding it (benchmarks read it: bench/e2e_report.py).
         self.q_codec: QCodec | None = (codec_for(runtime.fingerprint, runtime.vocab_size)
@@ -191,7 +104,7 @@ class Verifier:
         try:
             if len(context) > 1:
                 prefill = self.runtime.submit(state, context[:-1], alone=True, rows=0).result()
-                self.price.observe(prefill.queue_ms)
+                self.price.observe(prefill.queue_ms)  # not a pass cost: a prompt
         except BaseException:
             self.table.remove(session)
             raise
@@ -246,7 +159,7 @@ class Verifier:
             block = [session.pending_token, *request.unverified] + request.tokens
             check = self._round_check(session, request, q)
             result = self.runtime.submit(session.state, block, rows=k + 1, check=check).result()
-            self.price.observe(result.queue_ms)
+            self._observe_pass(result)
             verdict, verify_ms = result.verdict, result.verify_ms
             if verdict is None:  # the backend only scored: test here
                 verify_started = time.perf_counter()
@@ -320,7 +233,7 @@ class Verifier:
                 self._log_end(victim, "evicted")
             try:
                 result = self.runtime.submit(session.state, [session.pending_token]).result()
-                self.price.observe(result.queue_ms)
+                self._observe_pass(result)
                 logits = result.logits[-1]                                    # [vocab]
                 if session.params.greedy:
                     token = int(logits.argmax())
@@ -430,6 +343,11 @@ class Verifier:
 
     def shutdown(self) -> None:
         self.runtime.close(timeout=30)
+
+    def _observe_pass(self, result: ForwardResult) -> None:
+        """A job's pass: its wait (the price) and its share of the pass's time (pass costs)."""
+        self.price.observe(result.queue_ms)
+        self.pass_costs.observe_job(result)
 
     def _log_end(self, session: Session, reason: str) -> None:
         # τ as everywhere else (tandem.metrics): 1 + accepted per round, the bonus counted.

@@ -83,6 +83,10 @@ class VerifierMetrics:
         self.queue_delay_seconds = Gauge("verifier_queue_delay_seconds", "the smoothed time a "
                                          "job waits for its forward pass (the price's input)",
                                          ("model",), namespace=ns, registry=reg)
+        self.position_cost = Gauge("verifier_position_cost", "what one more drafted position "
+                                   "adds to a session's share of a pass, in one-token steps, "
+                                   "fitted from the passes (cloud/pass_cost.py); NaN until "
+                                   "measured", ("model",), namespace=ns, registry=reg)
         self.kv_budget_bytes = Gauge("verifier_kv_budget_bytes", "KV-cache bytes all sessions "
                                      "may hold (limits.kv_budget_bytes)", ("model",),
                                      namespace=ns, registry=reg)
@@ -91,6 +95,7 @@ class VerifierMetrics:
             metric.labels(**labels)  # present (at 0) from the start
         self.price.labels(**labels)
         self.queue_delay_seconds.labels(**labels)
+        self.position_cost.labels(**labels)
 
     # ---- gauges read when scraped ----------------------------------------------------------
 
@@ -100,8 +105,11 @@ class VerifierMetrics:
         self.kv_cache_bytes.labels(model=self._model).set_function(kv_bytes)
         self.kv_budget_bytes.labels(model=self._model).set(kv_budget_bytes)
 
-    def watch_price(self, price: Callable[[], float], queue_delay_ms: Callable[[], float]) -> None:
+    def watch_price(self, price: Callable[[], float], queue_delay_ms: Callable[[], float],
+                    position_cost: Callable[[], float | None]) -> None:
         self.price.labels(model=self._model).set_function(price)
+        self.position_cost.labels(model=self._model).set_function(
+            lambda: _or_nan(position_cost()))
         self.queue_delay_seconds.labels(model=self._model).set_function(
             lambda: queue_delay_ms() / 1000.0)
 
@@ -148,3 +156,7 @@ class VerifierMetrics:
         bound = server.server_address[1]
         log.info("metrics on http://%s:%d/metrics", host, bound)
         return bound
+
+
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value

@@ -26,7 +26,8 @@ LTE = Link(latency_s=0.070, server_s=0.015)      # 70 ms, one target pass 15 ms
 
 
 def run(policy, link: Link, draft: Draft, rounds: int, rng: random.Random, *, price=0.0,
-        floor: float | None = None, remaining: int = 10_000):
+        floor: float | None = None, remaining: int = 10_000,
+        position_cost: float | None = None):
     """tests/test_control.py's loop with the verifier's price (a number, or price(round)) and the
     request's speed floor in each view; returns the log of (plan, record)."""
     log, history, generated = [], [], 0
@@ -34,7 +35,7 @@ def run(policy, link: Link, draft: Draft, rounds: int, rng: random.Random, *, pr
         view = RoundView(round=len(history), generated=generated, remaining=remaining,
                          max_k=32, link_state="up", sampling=False, history=history,
                          max_q_entries=16, price=price(i) if callable(price) else price,
-                         min_tokens_per_s=floor)
+                         min_tokens_per_s=floor, position_cost=position_cost)
         plan = policy.plan(view)
         if plan.cloud_generate:
             n = plan.cloud_generate
@@ -144,6 +145,22 @@ def test_longer_blocks_cost_fewer_passes_per_token():
     k_dear = sum(plan.k for plan, _ in dear[20:]) / 60
     assert k_dear > k_free
     assert totals(dear[20:])[1] < 0.9 * totals(free[20:])[1]
+
+
+def test_the_verifiers_position_cost_sets_how_long_priced_blocks_get():
+    """The verifier says what a drafted position costs it (Opened.position_cost): priced, the
+    controller drafts longer blocks on one whose positions are free (a GPU: 0) than on one
+    whose positions are dear (a loaded CPU core: 0.4), and without a figure it uses its own
+    (POSITION_COST), in between."""
+    lan, laptop = Link(latency_s=0.002, server_s=0.002), Draft(alpha=0.85, s_per_token=0.001)
+
+    def mean_k(position_cost):
+        log = run(adaptive(), lan, laptop, 80, random.Random(2), price=1.0,
+                  position_cost=position_cost)
+        return sum(plan.k for plan, _ in log[20:]) / 60
+
+    free, unsaid, dear = mean_k(0.0), mean_k(None), mean_k(0.4)
+    assert free > unsaid > dear, (free, unsaid, dear)
 
 
 def test_identical_users_switch_at_different_prices():

@@ -176,3 +176,19 @@ def test_the_pool_grows_without_changing_what_sessions_hold(target_dir, contexts
     fresh = runtime.new_state()
     runtime.score(fresh, [1])
     assert fresh.slot == dropped
+
+
+def test_the_position_probe_measures_without_leaving_a_trace(runtime, contexts):
+    """position_ms (what one more fed position adds to a pass, cloud/pass_cost.py) is measured
+    once, is positive for a target on a CPU, and leaves the runtime as it was: no pass counted,
+    every probe slot free again, sessions' caches untouched."""
+    state = runtime.new_state()
+    before = runtime.score(state, contexts[0][:12])
+    passes, free = runtime.forward_passes, len(runtime.pool._free)
+    measured = runtime.position_ms
+    assert measured > 0.0 and runtime.position_ms == measured  # measured once, then kept
+    assert runtime.forward_passes == passes and len(runtime.pool._free) >= free
+    state.rollback(11)
+    again = runtime.score(state, contexts[0][11:12])
+    torch.testing.assert_close(again[0], before[-1], atol=ATOL, rtol=0)
+    state.release()

@@ -11,7 +11,9 @@ attention goes through transformers' AttentionInterface works (Llama, GPT-2, ...
 """
 from __future__ import annotations
 
+import functools
 import logging
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +31,12 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PAD_TOKEN = 0  # any valid id: padded positions are masked out and their outputs dropped
+# The position-cost probe (TargetRuntime.position_ms): a modest batch at a short context, where
+# a pass's extra positions show above its fixed part, timed a few times (medians).
+POSITION_PROBE_SESSIONS = 8
+POSITION_PROBE_CONTEXT = 64
+POSITION_PROBE_K = 8
+POSITION_PROBE_REPS = 5
 
 
 def resolve_device(device: str) -> torch.device:
@@ -139,6 +147,31 @@ class TargetRuntime:
 
     def rollback(self, state: KVState, length: int) -> None:
         state.rollback(length)
+
+    @functools.cached_property
+    def position_ms(self) -> float:
+        """What one more fed position adds to a batched pass, ms (cloud/pass_cost.py): passes of
+        POSITION_PROBE_SESSIONS sessions at POSITION_PROBE_CONTEXT positions feeding 1 and
+        1 + POSITION_PROBE_K tokens each, the medians' difference per extra position. Measured
+        on first use (the verifier's start), once; ~0.2 s for the shipped target on a CPU core."""
+        states = [self.new_state() for _ in range(POSITION_PROBE_SESSIONS)]
+        passes = self.forward_passes
+        try:
+            self.forward([(state, [PAD_TOKEN] * POSITION_PROBE_CONTEXT) for state in states])
+            times: dict[int, list[float]] = {1: [], 1 + POSITION_PROBE_K: []}
+            for _ in range(POSITION_PROBE_REPS):
+                for width, seen in times.items():
+                    started = time.perf_counter()
+                    self.forward([(state, [PAD_TOKEN] * width) for state in states])
+                    seen.append(time.perf_counter() - started)
+                    for state in states:
+                        state.rollback(POSITION_PROBE_CONTEXT)
+        finally:
+            for state in states:
+                state.release()
+            self.forward_passes = passes  # not the verifier's work
+        wide, narrow = (statistics.median(times[w]) for w in (1 + POSITION_PROBE_K, 1))
+        return max(wide - narrow, 0.0) * 1000.0 / (POSITION_PROBE_SESSIONS * POSITION_PROBE_K)
 
     def _measure_bytes_per_token(self) -> int:
         """K/V bytes one position costs, measured with a one-token pass (also a warm-up)."""

@@ -31,6 +31,7 @@ class TorchBackend(TargetBackend):
         self.bytes_per_token = runtime.bytes_per_token
         self.device = str(runtime.device)
         self.dtype = runtime.dtype
+        self.position_ms = runtime.position_ms
         self.batcher = Batcher(runtime.forward, max_batch=batch.max_batch,
                                window_ms=batch.window_ms, active_sessions=active_sessions,
                                verify=verify_rounds)

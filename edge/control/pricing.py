@@ -11,8 +11,12 @@ where rate is the option's expected tokens per second (under client.max_passes_p
 cap's score: the cap stays a hard cap) and cost the verifier's work per committed token, in
 1-token steps:
 
-    speculate k:   (1 + POSITION_COST * k) / E(k)     one pass of k + 1 positions per E(k) tokens
+    speculate k:   (1 + position_cost * k) / E(k)     one pass of k + 1 positions per E(k) tokens
     cloud run:     1                                  one 1-token step per token
+
+position_cost is what the verifier measured of its own passes (Opened.position_cost,
+cloud/pass_cost.py: 0.15-0.35 for a small target on one CPU core, about 0 on a GPU), or
+POSITION_COST while it has not said.
 
 so as the price rises the controller moves to fewer passes per token (speculation instead of
 cloud runs, longer blocks), and at price 1 it takes about the cheapest option that meets the
@@ -41,8 +45,8 @@ PRICE_WEIGHT = 8.0    # the exponent at price 1: a 10% cheaper option wins unles
                       # unless the cloud is 2^8 = 256x faster: about "the cheapest that meets
                       # the floor"; at price 0.25 the cloud must be 4x faster than speculating
                       # at half its cost (phone on lte: cloud runs 70-80 tok/s, speculation 15-23)
-POSITION_COST = 0.15  # a pass's cost grows by this share of a 1-token step per drafted position:
-                      # measured on this CPU with the shipped target, 300-token contexts, one
+POSITION_COST = 0.15  # a pass's cost grows by this share of a 1-token step per drafted position
+                      # (the fallback for a verifier that does not measure it): measured on this CPU with the shipped target, 300-token contexts, one
                       # core: [64, 5] 1.59x and [64, 9] 2.17x a [64, 1] step (0.15 a position;
                       # [32, 5] 1.39x); a GPU ~0 (memory-bound). Too low a cost makes the priced
                       # controller draft long blocks whose passes cost more than they save
@@ -67,7 +71,8 @@ class PriceResponse:
         client's) the best base score discounted by their cost; the fastest when none does.
         Before the link is measured: speculation, which measures it at no pass per token.
         running: the kind of round the controller runs now (it keeps the STAY_BONUS)."""
-        score = priced(base, view.price, self.jitter)
+        position_cost = POSITION_COST if view.position_cost is None else view.position_cost
+        score = priced(base, view.price, self.jitter, position_cost)
         if not costs.channel.measured:
             return best_speculation(specs, score), None, score
         cloud = paced_by_verifier(costs, cloud) if cloud is not None else None
@@ -84,19 +89,20 @@ class PriceResponse:
         return spec, cloud, score
 
 
-def pass_cost(option: Option) -> float:
+def pass_cost(option: Option, position_cost: float = POSITION_COST) -> float:
     """The verifier's work per committed token, in 1-token steps."""
     if option.kind == "cloud":
         return 1.0
-    return option.passes * (1.0 + POSITION_COST * option.k) / max(option.tokens, 1e-9)
+    return option.passes * (1.0 + position_cost * option.k) / max(option.tokens, 1e-9)
 
 
-def priced(base: Score, price: float, jitter: float = 1.0) -> Score:
+def priced(base: Score, price: float, jitter: float = 1.0,
+           position_cost: float = POSITION_COST) -> Score:
     """base (tokens/s, or the cap's score) discounted by the option's cost at the price."""
     exponent = PRICE_WEIGHT * price * jitter
 
     def score(option: Option) -> float:
-        value, discount = base(option), pass_cost(option) ** exponent
+        value, discount = base(option), pass_cost(option, position_cost) ** exponent
         return value / discount if value > 0 else value * discount
 
     return score
