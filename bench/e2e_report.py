@@ -1,5 +1,5 @@
 """End-to-end numbers of the whole system: held-out prompts through a real in-process verifier
-(cloud.service.create_server on 127.0.0.1, a real socket) and the edge session client, per
+(cloud.server.create_server on 127.0.0.1, a real socket) and the edge session client, per
 draft backend, greedy and sampled.
 
     tandem e2e-report [--prompts N] [--max-tokens 64] [--dev] [--backends ...]
@@ -32,7 +32,7 @@ import torch
 
 from cloud.config import BatchSettings, CloudConfig, ModelSettings, ServerSettings
 from cloud.runtime.target import TargetRuntime
-from cloud.service import create_server
+from cloud.server import create_server
 from edge.client import EdgeClient, GenerationRequest, GenerationResult
 from edge.config import ClientConfig, CloudLinkConfig
 from edge.link import make_channel

@@ -33,7 +33,7 @@ from transformers import AutoModelForCausalLM
 
 from bench.prompt_sources import SOURCES, SPLITS, load_source
 from cloud.config import CloudConfig
-from cloud.service import create_server
+from cloud.server import create_server
 from edge.config import EdgeConfig, resolve_paths
 from edge.daemon.server import DaemonThread, load_engine
 from tandem.config import load_config, resolve_path

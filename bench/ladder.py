@@ -5,7 +5,7 @@
                   [--sources code prose] [--fast-prompts 8] [--max-unverified-run 16]
                   [--json PATH] [--plot PATH] [--markdown]
 
-One in-process verifier (cloud.service on 127.0.0.1, the shipped target), a channel emulator in
+One in-process verifier (cloud.server on 127.0.0.1, the shipped target), a channel emulator in
 front of it per channel profile (bench.channel.ChannelProxy), and the edge's two local models
 (tandem-draft and tandem-small, llama.cpp, one thread) throttled per device profile like
 `tandem bench` does (bench/matrix/device.py). Greedy, eos ignored, the same held-out prompts for
@@ -55,7 +55,7 @@ from bench.prompt_sources import SOURCES, load_source
 from bench.workload import load_prompts
 from cloud.config import CloudConfig
 from cloud.runtime.target import TargetRuntime
-from cloud.service import create_server
+from cloud.server import create_server
 from edge.client import EdgeClient, GenerationRequest
 from edge.config import DEFAULT_DRAFTER, ClientConfig, EdgeConfig, resolve_paths
 from edge.link import make_channel

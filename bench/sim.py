@@ -1,6 +1,6 @@
 """`tandem sim`: the whole system on loopback, one channel profile after another.
 
-  verifier (cloud.service, in this process, 127.0.0.1:free port)
+  verifier (cloud.server, in this process, 127.0.0.1:free port)
      ^ gRPC
   channel emulator per profile (bench.channel.ChannelProxy: delay, jitter, capacity, loss, outages)
      ^ gRPC
@@ -27,7 +27,7 @@ from bench.report import RunSummary, format_table, session_trace, summarize, wri
 from bench.sim_config import SimConfig
 from bench.workload import RequestRecord, load_prompts, run_workload
 from cloud.config import CloudConfig
-from cloud.service import create_server
+from cloud.server import create_server
 from edge.config import EdgeConfig, resolve_paths
 from edge.daemon.server import DaemonThread, load_engine
 from tandem.config import load_config, resolve_path

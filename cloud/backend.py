@@ -29,13 +29,18 @@ check_sampling, naming the setting; it is never approximated.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
+from cloud.identity import TargetIdentity
 from cloud.verify import RoundCheck
 from tandem.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from cloud.batcher import Batcher
 
 
 class BackendState(Protocol):
@@ -70,6 +75,16 @@ class TargetBackend(abc.ABC):
     bytes_per_token: int    # KV bytes one position costs (what the session table charges)
     device: str
     dtype: str
+    model_dir: Path         # the target's directory (its identity is hashed from it)
+    # The served identity when the backend pins one; None: the engine hashes model_dir, name
+    # and fingerprint (cloud/identity.py).
+    identity: TargetIdentity | None = None
+    # The backend's own batcher when it groups rounds into passes (torch), read for Info's batch
+    # sizes; None where the engine behind it batches (vLLM).
+    batcher: Batcher | None = None
+    # What one more fed position adds to a batched pass, ms, measured at start (cloud/
+    # pass_cost.py); None: this backend does not measure it (edges use their own estimate).
+    position_ms: float | None = None
 
     @abc.abstractmethod
     def new_state(self, params: SamplingParams) -> BackendState:
@@ -93,6 +108,11 @@ class TargetBackend(abc.ABC):
 
     def release(self, state: BackendState) -> None:
         state.release()
+
+    def follow_sessions(self, active_sessions: Callable[[], int]) -> None:
+        """Told the engine's live session count once, at start: a backend whose passes wait
+        for every session's job (the torch batcher) stops waiting once all are in. Default:
+        nothing to follow."""
 
     def check_sampling(self, params: SamplingParams) -> None:
         """Raise cloud.errors.InvalidRequest naming the setting when this backend cannot score

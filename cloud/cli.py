@@ -79,7 +79,7 @@ def _serve(args: argparse.Namespace) -> int:
     import torch
     from transformers.utils import logging as transformers_logging
 
-    from cloud.service import create_server
+    from cloud.server import create_server
 
     transformers_logging.disable_progress_bar()
     try:

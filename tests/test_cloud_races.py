@@ -24,7 +24,7 @@ from transformers import AutoTokenizer
 from cloud.config import CloudConfig
 from cloud.runtime.kv import KVState
 from cloud.runtime.target import TargetRuntime
-from cloud.service import CloudServer, create_server
+from cloud.server import CloudServer, create_server
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 from waiting import wait_for

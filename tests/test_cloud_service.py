@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cloud.config import CloudConfig
 from cloud.runtime.target import TargetRuntime
-from cloud.service import create_server
+from cloud.server import create_server
 from tandem.codec import quantize, to_proto
 from tandem.config import ConfigError
 from tandem.sampling import SamplingParams, warp

@@ -1,4 +1,4 @@
-"""The edge daemon end to end: a real verifier (cloud.service on a loopback port), a real daemon
+"""The edge daemon end to end: a real verifier (cloud.server on a loopback port), a real daemon
 (uvicorn on a free loopback port, llama.cpp draft runtimes) and the official `openai` client.
 
 Greedy output through the HTTP API must be the target's own greedy text; bad requests get

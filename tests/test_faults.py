@@ -34,7 +34,7 @@ from waiting import wait_for
 from bench.channel import ChannelProfile, ChannelProxy
 from bench.load import cloud_info, free_port
 from cloud.config import CloudConfig
-from cloud.service import create_server
+from cloud.server import create_server
 from edge.cli import main as edge_main
 from edge.client import (EdgeClient, GenerationRequest, VerifierMisconfigured,
                          VerifierUnavailable)

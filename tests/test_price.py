@@ -15,7 +15,7 @@ from verifier_harness import edge_tokenizer, prompt_ids, target_runtime  # noqa:
 from cloud.config import BatchSettings, CloudConfig, LimitSettings, ModelSettings, ServerSettings
 from cloud.engine import DraftRequest, Verifier, OpenRequest, RoundResult
 from cloud.price import INTERVAL_S, SMOOTHING_S, PassPrice
-from cloud.service import create_server
+from cloud.server import create_server
 from edge.client import GenerationRequest
 from edge.control.policy import FixedK, Plan, RoundView
 from edge.link import VerifierLink

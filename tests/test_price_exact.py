@@ -17,7 +17,7 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
 
 from bench.channel import ChannelProfile, ChannelProxy
 from cloud.config import BatchSettings, CloudConfig, ModelSettings, ServerSettings
-from cloud.service import create_server
+from cloud.server import create_server
 from edge.client import EdgeClient, GenerationRequest
 from edge.config import ClientConfig, CloudLinkConfig, DaemonConfig, DeviceProfile, EdgeConfig
 from edge.daemon.server import DaemonThread, load_engine

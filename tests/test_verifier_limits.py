@@ -33,7 +33,8 @@ from cloud.engine import Verifier
 from cloud.errors import CloudError
 from cloud.identity import identify
 from cloud.runtime.target import TargetRuntime
-from cloud.service import _Stream, create_server
+from cloud.server import create_server
+from cloud.service import _Stream
 from tandem.codec import SparseDist
 from tandem.qcodec import codec_for
 from tandem.v1 import decoding_pb2 as pb

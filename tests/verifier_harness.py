@@ -1,4 +1,4 @@
-"""What the full-system tests share: a real verifier (cloud.service.create_server) on a real
+"""What the full-system tests share: a real verifier (cloud.server.create_server) on a real
 loopback socket, edge clients with real draft runtimes, and the reference the output must equal
 (transformers' greedy generate of the target alone)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from cloud.config import BatchSettings, CloudConfig, LimitSettings, ModelSettings, ServerSettings
 from cloud.runtime.target import TargetRuntime
-from cloud.service import CloudServer, create_server
+from cloud.server import CloudServer, create_server
 from edge.client import EdgeClient
 from edge.config import ClientConfig, CloudLinkConfig
 from edge.link import make_channel

@@ -1,6 +1,6 @@
 """One cell of `tandem bench` (a device and a channel profile), measured unit by unit.
 
-  verifier (cloud.service, in this process, 127.0.0.1:free port, the target loaded once)
+  verifier (cloud.server, in this process, 127.0.0.1:free port, the target loaded once)
      ^ gRPC
   channel emulator (bench.channel.ChannelProxy), rewound to the unit's offset before each
   configuration
@@ -28,7 +28,7 @@ from bench.channel import ChannelProfile, ChannelProxy
 from bench.workload import load_prompts
 from cloud.config import CloudConfig
 from cloud.runtime.target import TargetRuntime
-from cloud.service import create_server
+from cloud.server import create_server
 from edge.client import EdgeClient, GenerationRequest
 from edge.config import ClientConfig, EdgeConfig, resolve_paths
 from edge.control.policy import DraftPolicy, FixedK, make_policy

@@ -38,7 +38,7 @@ def channel_options(link: CloudLinkConfig) -> list[tuple[str, int | str]]:
     if link.keepalive_s > 0:
         # HTTP/2 pings, also while idle: a NAT or a mobile link that silently dropped the
         # connection is noticed within keepalive_s + keepalive_timeout_s, not at the next
-        # request. The verifier permits pings this often (cloud/service.py). gRPC core enforces
+        # request. The verifier permits pings this often (cloud/server.py). gRPC core enforces
         # an unanswered ping through its ping timeout, not keepalive_timeout_ms (grpc/grpc#39239;
         # measured: a silent peer went unnoticed for 36 s with only the latter), so set both.
         timeout_ms = int(link.keepalive_timeout_s * 1000)
