@@ -104,6 +104,9 @@ class EdgeClient:
                         **{name: DraftCursor(rt) for name, rt in (drafters or {}).items()}}
         self.cursor = self.cursors[DEFAULT_DRAFTER]
         self.policy = policy if policy is not None else make_policy(config.policy, config)
+        if not isinstance(self.policy, DraftPolicy):
+            raise TypeError(f"{type(self.policy).__name__} is no DraftPolicy: a policy subclasses "
+                            "edge.control.policy.DraftPolicy (its capabilities' defaults)")
         self.jitter_rng = random.Random()  # unseeded: edges must not retry in lockstep
         self.monitor = monitor
         self._fast_policy: DraftPolicy | None = None  # built on the first fast request
@@ -170,7 +173,7 @@ class EdgeClient:
         if fast:
             if request.draft_length is not None:
                 return EntropySwitch(self.config.entropy, k=request.draft_length)
-            if getattr(self.policy, "serves_fast_mode", False):
+            if self.policy.serves_fast_mode:
                 return self.policy
             if self._fast_policy is None:
                 self._fast_policy = make_policy("entropy", self.config)

@@ -84,7 +84,7 @@ class Generation:
         try:
             # Prefill the draft while nothing else runs, unless the policy defers it to its
             # first block (one that starts by letting the cloud generate may never draft).
-            if getattr(state.policy, "prefill_first", True):
+            if state.policy.prefill_first:
                 ctx.default_cursor.sync(state.context)
             if not ctx.reconnect.ensure_open(state.context):
                 ctx.go_local()

@@ -13,7 +13,7 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
 
 from edge.client import EdgeClient, GenerationRequest
 from edge.config import ClientConfig
-from edge.control.policy import Plan, RoundView
+from edge.control.policy import DraftPolicy, Plan, RoundView
 from edge.record import RoundRecord
 from tandem.sampling import SamplingParams
 
@@ -111,7 +111,7 @@ def test_evicted_sessions_reopen_with_full_context_and_lose_nothing(
         assert result.token_ids == reference.greedy(request.prompt_ids, NEW_TOKENS)
 
 
-class CloudRuns:
+class CloudRuns(DraftPolicy):
     """Always lets the cloud generate 4 tokens (its fallback k = 1 marks a round that was not
     one)."""
 

@@ -22,7 +22,7 @@ from bench.channel import ChannelProfile, ChannelProxy
 from edge.client import EdgeClient, GenerationRequest
 from edge.config import ClientConfig, DeviceProfile
 from edge.control.adaptive import AdaptivePolicy
-from edge.control.policy import FixedK, Plan, RoundView
+from edge.control.policy import DraftPolicy, FixedK, Plan, RoundView
 from edge.record import RoundRecord
 from tandem.sampling import SamplingParams, warp
 from tandem.v1 import decoding_pb2 as pb
@@ -35,7 +35,7 @@ torch.set_num_threads(1)
 NEW_TOKENS = 48
 
 
-class Switching:
+class Switching(DraftPolicy):
     """Mode switches every round: cloud-generates 2, a pipelined block (draft-ahead, 2 in
     flight), a plain block."""
 

@@ -22,7 +22,7 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
 
 from edge.client import EdgeClient, GenerationRequest, VerifierRefused
 from edge.config import DEFAULT_DRAFTER, ClientConfig, EntropySwitchConfig, FastModeConfig
-from edge.control.policy import Plan, RoundView
+from edge.control.policy import DraftPolicy, Plan, RoundView
 from edge.runtime import DraftConfig, load_draft_runtime
 from tandem.sampling import SamplingParams, warp
 
@@ -34,7 +34,7 @@ NEW_TOKENS = 32
 UNCALIBRATED = FastModeConfig(min_agreement=None)
 
 
-class Alternate:
+class Alternate(DraftPolicy):
     """Switches rung every round (the hardest case for keeping caches in step), k cycling 1..4.
     Counts across generations, so a generation may start on either rung."""
 

@@ -17,7 +17,7 @@ from cloud.engine import DraftRequest, Verifier, OpenRequest, RoundResult
 from cloud.price import INTERVAL_S, SMOOTHING_S, PassPrice
 from cloud.server import create_server
 from edge.client import GenerationRequest
-from edge.control.policy import FixedK, Plan, RoundView
+from edge.control.policy import DraftPolicy, FixedK, Plan, RoundView
 from edge.link import VerifierLink
 from edge.link.wait import WaitRule
 from tandem.sampling import SamplingParams
@@ -202,7 +202,7 @@ def test_an_older_edge_sees_no_new_field(dear_verifier, target_runtime, tokens):
         assert "price" not in {field.name for field, _ in reply.generated.ListFields()}
 
 
-class PriceSeen:
+class PriceSeen(DraftPolicy):
     """A fixed-k policy that keeps the price each round's view carried."""
 
     def __init__(self) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from cloud.runtime.target import TargetRuntime
-from edge.control.policy import Plan, RoundView
+from edge.control.policy import DraftPolicy, Plan, RoundView
 from edge.record import RoundRecord
 from edge.runtime.base import DraftRuntime
 
@@ -55,7 +55,7 @@ def match_runs(draft: DraftRuntime, prompt_ids: Sequence[int], reference: Sequen
     return runs
 
 
-class OraclePolicy:
+class OraclePolicy(DraftPolicy):
     """Draft exactly the accepted length known in advance (`runs`, set per prompt)."""
 
     def __init__(self) -> None:
@@ -69,7 +69,7 @@ class OraclePolicy:
         pass
 
 
-class CloudOnly:
+class CloudOnly(DraftPolicy):
     """The verifier generates every token itself and streams them (no drafting). With
     `cloud_generate` unsupported by the loop it degrades to k = 0 rounds: one target token per
     round trip."""

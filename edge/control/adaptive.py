@@ -114,7 +114,7 @@ NEW_TEXT_KEEP = 0.6               # the acceptance evidence kept into a new gene
                                   # 0.95x, wifi/laptop 0.99x the best other; 0.6: 1.00x, 1.05x)
 
 
-class AdaptivePolicy:
+class AdaptivePolicy(DraftPolicy):
     def __init__(self, config: "ClientConfig",
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = config.adaptive

@@ -34,14 +34,14 @@ from collections import deque
 from collections.abc import Sequence
 
 from edge.config import EntropySwitchConfig, SwitchState
-from edge.control.policy import Plan, RoundView, register_policy
+from edge.control.policy import DraftPolicy, Plan, RoundView, register_policy
 from edge.record import RoundRecord
 
 State = SwitchState
 SPEED_ALPHA = 0.2  # EWMA weight of a round's measured speed (tokens per second)
 
 
-class EntropySwitch:
+class EntropySwitch(DraftPolicy):
     """Two-state switch over the rolling draft entropy; a DraftPolicy (plan / update).
 
     `ladder`: the local model names, cheapest first; None = the view's `drafters` at each plan.
@@ -53,7 +53,7 @@ class EntropySwitch:
     the unverified run.
     """
 
-    serves_fast_mode = True  # its plans mark skippable blocks (EdgeClient picks it for fast)
+    serves_fast_mode = True  # its plans mark skippable blocks (DraftPolicy)
 
     def __init__(self, config: EntropySwitchConfig, k: int,
                  ladder: Sequence[str] | None = None) -> None:

@@ -110,7 +110,7 @@ def roc_threshold(probs: Sequence[float], matches: Sequence[int], fn_cost: float
     return best_t
 
 
-class HFHeuristic:
+class HFHeuristic(DraftPolicy):
     """transformers' heuristic schedule with its confidence cut-off (see the module docstring)."""
 
     def __init__(self, config: HFHeuristicConfig | None = None) -> None:
@@ -143,7 +143,7 @@ class HFHeuristic:
                     self.threshold = fitted
 
 
-class LlamaCppPMin:
+class LlamaCppPMin(DraftPolicy):
     """llama.cpp's draft-max / draft-min / draft-p-min rule (stateless)."""
 
     def __init__(self, config: LlamaCppConfig | None = None) -> None:
@@ -159,7 +159,7 @@ class LlamaCppPMin:
         pass
 
 
-class SGLangEMA:
+class SGLangEMA(DraftPolicy):
     """SGLang's adaptive step count: EMA of the accepted length, tiers, warm-up, hysteresis."""
 
     def __init__(self, config: SGLangEMAConfig | None = None) -> None:

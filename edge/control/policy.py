@@ -10,6 +10,9 @@ what it learned (acceptance, the link) carries over as a prior; `view.round == 0
 first round of a generation. Policies are built by name from `client.policy` through the
 registry below; other modules add theirs with `@register_policy("name")`.
 
+Every policy subclasses DraftPolicy, which declares the capabilities the loop asks of it with
+their defaults (prefill_first, serves_fast_mode): nothing is looked up by name.
+
 Contract notes (differences from the sketch in coord/TEAM.md, all additive): RoundView carries
 a few more read-only facts with defaults (context_length, max_q_entries, max_send_ahead,
 drafters, server_load, price, min_tokens_per_s); Plan is unchanged.
@@ -18,7 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 from edge.link_state import LinkState
 from edge.record import RoundRecord
@@ -69,14 +73,28 @@ class Plan:
             raise ValueError(f"invalid plan {self}")
 
 
-@runtime_checkable
-class DraftPolicy(Protocol):
+class DraftPolicy(ABC):
+    """What every draft policy is: `plan(view)` before a round, `update(record)` after it, and
+    the capabilities the loop and the client ask of it, declared here with their defaults (a
+    policy overrides those it has, as a class attribute or a property):
+
+      prefill_first     the loop prefills the draft on the prompt before the first round;
+                        False defers it to the first block (a policy that starts by letting the
+                        cloud generate may never draft: edge/control/adaptive.py)
+      serves_fast_mode  its plans mark skippable blocks (Plan.verify False), so EdgeClient
+                        runs fast requests with it (else with its own entropy switch)
+    """
+    prefill_first: bool = True
+    serves_fast_mode: bool = False
+
+    @abstractmethod
     def plan(self, view: RoundView) -> Plan: ...
 
+    @abstractmethod
     def update(self, record: RoundRecord) -> None: ...
 
 
-class FixedK:
+class FixedK(DraftPolicy):
     """Draft k tokens every round (capped by view.max_k): the behaviour before policies.
     Optionally pipelined: draft ahead, and up to send_ahead blocks in flight."""
 
