@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-from cloud.engine import (Discarded, DraftRequest, EvictedNotice, GeneratedToken,
-                          GenerateRequest, Limits, OpenRequest, RoundResult,
-                          Verifier)
+from cloud.engine import Verifier
+from cloud.engine_api import (Discarded, DraftRequest, EvictedNotice, GeneratedToken,
+                              GenerateRequest, Limits, OpenRequest, RoundResult)
 from cloud.errors import InvalidRequest
 from cloud.identity import TargetIdentity
 from tandem.codec import from_proto

@@ -17,7 +17,8 @@ from cloud import convert
 from cloud.admission import RETRY_AFTER_HEADER, Admission, Overloaded
 from cloud.auth import key_from_metadata
 from cloud.config import LimitSettings
-from cloud.engine import EvictedNotice, Verifier
+from cloud.engine import Verifier
+from cloud.engine_api import EvictedNotice
 from cloud.errors import CloudError, InvalidRequest, PreconditionFailed
 from cloud.inbox import Inbox, UndecodableMessage
 from cloud.sessions import Session
@@ -25,7 +26,6 @@ from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-
 
 
 class DecodingServicer(pb_grpc.DecodingServicer):
