@@ -85,7 +85,7 @@ class DecodingServicer(pb_grpc.DecodingServicer):
                             target=convert.identity_message(self.engine.identity),
                             batches=convert.batch_stats_message(self.engine), price=self.engine.price.value(),
                             queue_delay_ms=self.engine.price.queue_delay_ms(),
-                            position_cost=self.engine.pass_costs.position_cost() or 0.0,
+                            position_cost=self.engine.pass_costs.position_cost(),
                             verifier=self.name)
 
 
@@ -145,7 +145,9 @@ class _Stream:
                           target=convert.identity_message(self.engine.identity), verifier=self.name)
         if self.priced:  # an older edge did not offer: its Opened stays as it was
             reply.priced, reply.price = True, self._price()
-            reply.position_cost = self.engine.pass_costs.position_cost() or 0.0
+            position_cost = self.engine.pass_costs.position_cost()
+            if position_cost is not None:  # absent: not measured yet
+                reply.position_cost = position_cost
         return pb.ServerMessage(opened=reply)
 
     def _price(self) -> float:

@@ -67,9 +67,10 @@ class GenerationState:
         return time.monotonic() - self.t0
 
     def view(self, max_k: int, caps: Caps, server_load: float,
-             drafters: tuple[str, ...], price: float = 0.0) -> RoundView:
-        """What the policy sees before a round (price: the verifier's, as the link last
-        heard it)."""
+             drafters: tuple[str, ...], price: float = 0.0,
+             position_cost: float | None = None) -> RoundView:
+        """What the policy sees before a round (price, position_cost: the verifier's, as the
+        link last heard them)."""
         return RoundView(round=len(self.result.rounds_log), generated=self.generated,
                          remaining=self.remaining, max_k=max_k,
                          link_state=LinkState.DOWN if self.local else LinkState.UP,
@@ -77,7 +78,7 @@ class GenerationState:
                          history=self.result.rounds_log, context_length=len(self.context),
                          max_q_entries=caps.q_entries_cap(), server_load=server_load,
                          fast=self.gate.fast, max_send_ahead=caps.window(), drafters=drafters,
-                         price=price,
+                         price=price, position_cost=position_cost,
                          min_tokens_per_s=getattr(self.request, "min_tokens_per_s", None))
 
     # ---- the end of a round ---------------------------------------------------------------

@@ -119,6 +119,18 @@ def test_capacity_is_the_last_user_count_before_the_first_clear_miss():
     assert capacity_of([_row(1, 0.8), _row(2, 1.0), _row(4, 0.1)], 0.1) == 2
 
 
+def test_the_summary_reads_a_configuration_that_missed_at_its_first_point():
+    """A sweep of one point that missed (capacity 0): the summary says so instead of failing on
+    an empty span of points up to capacity."""
+    from bench.capacity.report import summary_table
+    from bench.capacity.stats import Capacity
+    rows = [_row(64, 0.3)]
+    caps = [Capacity("c", "d", "x", 0.1, capacity_of(rows, 0.1), swept_to=64, saturated=False,
+                     contended=False)]
+    table = summary_table(rows, caps, 0.1)
+    assert caps[0].users == 0 and "| c/d | x | 0 @ 100 ms |" in table and table.endswith("| 0 | - |")
+
+
 def test_capacity_smoke_sweeps_users_against_a_pinned_verifier(tmp_path):
     """The real command, seconds long: two configurations, 1 and 2 users on lan/laptop, spread
     over two verifier processes (both on core 0)."""
@@ -137,8 +149,10 @@ def test_capacity_smoke_sweeps_users_against_a_pinned_verifier(tmp_path):
         assert row["requests"] >= 1 and row["errors"] == 0
         assert row["verified_share"] == 1.0 and row["agreement"] == 1.0
         for key in ("good_share", "ttft_p90_s", "tpot_p90_s", "user_tokens_per_s_p10",
-                    "user_tokens_per_s_p50", "passes_per_token", "verifier_cpu_s_per_token"):
+                    "user_tokens_per_s_p50", "passes_per_token", "verifier_cpu_s_per_token",
+                    "price"):
             assert row[key] is not None, key
+        assert 0.0 <= row["price"] <= 1.0   # read from the verifiers through the window
     k4 = [r for r in rows if r["config"] == "fixed-k4"]
     assert all(r["passes_per_token"] < 1.0 for r in k4)   # speculation: fewer passes than tokens
     caps = {(c["config"], c["tpot_slo_s"]) for c in report["capacity"]}

@@ -5,6 +5,9 @@ the shipped target in an in-process engine driven by many session threads, a rea
 on loopback, the edge's own link reading it."""
 from __future__ import annotations
 
+
+import queue
+import random
 import threading
 
 import pytest
@@ -165,6 +168,27 @@ def _session(port: int, open_: pb.Open, then: list[pb.ClientMessage]) -> list[pb
     return replies
 
 
+def _varied_rounds(port: int, target_runtime, context: list[int], rounds: int,
+                   seed: int) -> None:
+    """One priced session of `rounds` rounds, blocks of 0, 1, 3 or 6 tokens (drawn from the
+    context), each sent at the context length the previous verdict said."""
+    rng = random.Random(seed)
+    outbox: queue.Queue = queue.Queue()
+    outbox.put(pb.ClientMessage(open=_open_message(target_runtime, context, priced=True)))
+    replies = pb_grpc.DecodingStub(channel_to(port)).Session(iter(outbox.get, None), timeout=60)
+    start = len(context)
+    for r in range(1, rounds + 1):
+        reply = next(replies)
+        start = reply.verdict.context_length if reply.HasField("verdict") else start
+        block = rng.choices(context, k=rng.choice([0, 1, 3, 6]))
+        outbox.put(pb.ClientMessage(draft=pb.Draft(round=r, start=start, tokens=block)))
+    next(replies)
+    outbox.put(pb.ClientMessage(close=pb.Close()))
+    outbox.put(None)
+    for _ in replies:
+        pass
+
+
 def _open_message(target_runtime, context: list[int], priced: bool) -> pb.Open:
     return pb.Open(tokenizer_fingerprint=target_runtime.fingerprint, context_ids=context,
                    mode=pb.MODE_LOSSLESS, priced=priced)
@@ -208,9 +232,11 @@ class PriceSeen(DraftPolicy):
     def __init__(self) -> None:
         self.inner = FixedK(3)
         self.prices: list[float] = []
+        self.position_costs: list[float | None] = []
 
     def plan(self, view: RoundView) -> Plan:
         self.prices.append(view.price)
+        self.position_costs.append(view.position_cost)
         return self.inner.plan(view)
 
     def update(self, record) -> None:
@@ -255,3 +281,41 @@ def test_a_free_verifier_reads_as_free(target_runtime, tokens):
         link.close()
     finally:
         server.stop(0).wait()
+
+
+def test_the_verifier_measures_what_a_drafted_position_costs(dear_verifier, target_runtime,
+                                                            tokens, prompt_ids, draft_dir,
+                                                            gguf_path, onnx_path):
+    """Sessions at once over gRPC, blocks of 0-6 tokens: the verifier, which measured what a
+    fed position adds to a pass when it started, weighs it against a session's share of its
+    live passes (cloud/pass_cost.py) and says what a drafted position costs in Info and in
+    every priced Opened; the edge's link hands it to the policy's view."""
+    info = pb_grpc.DecodingStub(channel_to(dear_verifier)).Info(pb.InfoRequest(), timeout=10)
+    errors: list[BaseException] = []
+
+    def user(i: int) -> None:
+        try:
+            _varied_rounds(dear_verifier, target_runtime, tokens[i % len(tokens)][:10], 15, i)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    measured = pb_grpc.DecodingStub(channel_to(dear_verifier)).Info(pb.InfoRequest(), timeout=10)
+    assert 0.0 < measured.position_cost < 1.0, (info.position_cost, measured.position_cost)
+    replies = _session(dear_verifier, _open_message(target_runtime, tokens[0][:10], priced=True),
+                       [])
+    assert replies[0].opened.position_cost == pytest.approx(measured.position_cost, rel=0.2)
+    draft = open_draft("llama.cpp", draft_dir, gguf_path, onnx_path)
+    try:
+        policy = PriceSeen()
+        client = client_for(channel_to(dear_verifier), draft)
+        client.policy = policy
+        client.generate(GenerationRequest(prompt_ids[4], 8))
+        assert policy.position_costs and all(0.0 < c < 1.0 for c in policy.position_costs)
+    finally:
+        draft.close()

@@ -36,8 +36,9 @@ def _f(value: float | None, digits: int = 2) -> str:
 
 def rows_table(rows: Sequence[PointRow]) -> str:
     head = ("| channel/device | config | N | req | good | TTFT p90 s | TPOT p50/p90 ms | user tok/s p10/p50 "
-            "| passes/tok (user, batched) | verifier CPU ms/tok | busy | verified | errors | driver CPU |")
-    lines = [head, "|" + "---|" * 14]
+            "| passes/tok (user, batched) | verifier CPU ms/tok | busy | price, position cost | verified "
+            "| errors | driver CPU |")
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         flag = (" SATURATED" if r.emulator_saturated else "") + \
             (f" CONTENDED (others {r.other_cpu_share:.0%})" if r.contended else "")
@@ -47,7 +48,8 @@ def rows_table(rows: Sequence[PointRow]) -> str:
             f"{_f(_ms(r.tpot_p50_s), 0)}/{_f(_ms(r.tpot_p90_s), 0)} | "
             f"{_f(r.user_tokens_per_s_p10, 1)}/{_f(r.user_tokens_per_s_p50, 1)} | "
             f"{_f(r.passes_per_token)}, {_f(r.batched_passes_per_token, 3)} | "
-            f"{_f(_ms(r.verifier_cpu_s_per_token))} | {_f(r.verifier_busy)} | {r.verified_share:.1%} | "
+            f"{_f(_ms(r.verifier_cpu_s_per_token))} | {_f(r.verifier_busy)} | "
+            f"{_f(r.price)}, {_f(r.position_cost)} | {r.verified_share:.1%} | "
             f"{r.errors + r.unfinished} | {_f(r.driver_cpu_share)}{flag} |")
     return "\n".join(lines)
 
@@ -143,7 +145,7 @@ def summary_table(rows: Sequence[PointRow], caps: Sequence[Capacity], slo_tpot_s
         main = next((c.users for c in own if c.tpot_slo_s == slo_tpot_s), 0)
         first = mine[0]
         at = next((r for r in mine if r.users == main), None)
-        upto = [r for r in mine if r.users <= max(main, 1)]
+        upto = [r for r in mine if r.users <= main]  # none when even the first point missed
 
         def passes(r: PointRow | None) -> str:
             return "-" if r is None else _f(r.batched_passes_per_token if config == "vllm-alone"
@@ -154,7 +156,8 @@ def summary_table(rows: Sequence[PointRow], caps: Sequence[Capacity], slo_tpot_s
             + ", ".join(f"{c.users} @ {c.tpot_slo_s * 1000:.0f} ms" for c in own)
             + f" | {passes(first)} -> {passes(at)} | {_f(first.user_tokens_per_s_p50, 1)} -> "
             f"{_f(at.user_tokens_per_s_p50 if at else None, 1)} | {_f(at.verifier_busy if at else None)} | "
-            f"{sum(r.errors + r.unfinished for r in upto)} | {min(r.verified_share for r in upto):.1%} |")
+            f"{sum(r.errors + r.unfinished for r in upto)} | "
+            f"{f'{min(r.verified_share for r in upto):.1%}' if upto else '-'} |")
     return "\n".join(lines)
 
 

@@ -92,17 +92,23 @@ class ServerProcess:
     def cpu_seconds(self) -> float | None:
         return tree_cpu_seconds(self.pid)
 
-    def batched_passes(self) -> int | None:
-        """Forward passes the Tandem verifier has run (Info.batches); None for vLLM."""
+    def info(self):
+        """The Tandem verifier's InfoReply (passes, price, position cost); None for vLLM or when
+        it does not answer."""
         if self.kind != "tandem":
             return None
         from tandem.v1 import decoding_pb2 as pb
         from tandem.v1 import decoding_pb2_grpc as pb_grpc
         try:
             with grpc.insecure_channel(self.address) as channel:
-                return int(pb_grpc.DecodingStub(channel).Info(pb.InfoRequest(), timeout=10).batches.passes)
+                return pb_grpc.DecodingStub(channel).Info(pb.InfoRequest(), timeout=10)
         except grpc.RpcError:
             return None
+
+    def batched_passes(self) -> int | None:
+        """Forward passes the Tandem verifier has run (Info.batches); None for vLLM."""
+        info = self.info()
+        return None if info is None else int(info.batches.passes)
 
     def close(self) -> None:
         self._stack.close()
@@ -128,6 +134,16 @@ class ServerGroup:
     def batched_passes(self) -> int | None:
         readings = [s.batched_passes() for s in self.servers]
         return None if any(r is None for r in readings) else sum(readings)
+
+    def prices(self) -> tuple[float, float | None] | None:
+        """(the price, the position cost) the verifiers say now, means over them (position
+        cost None while one has not measured it); None for vLLM."""
+        infos = [s.info() for s in self.servers]
+        if not infos or any(i is None for i in infos):
+            return None
+        costs = [i.position_cost for i in infos if i.HasField("position_cost")]
+        return (sum(i.price for i in infos) / len(infos),
+                sum(costs) / len(costs) if len(costs) == len(infos) else None)
 
     def close(self) -> None:
         for server in self.servers:

@@ -37,6 +37,8 @@ class ServerReading:
     driver_cpu_s: float | None = None   # devices, links and this driver
     driver_cores: int = 1
     other_cpu_s: float | None = None    # every other process on the machine (it shares the cores)
+    price: float | None = None          # the verifiers' price through the window, mean (Info)
+    position_cost: float | None = None  # what they said a drafted position costs, mean
 
 
 @dataclass
@@ -76,6 +78,8 @@ class PointRow:
     other_cpu_share: float | None       # of the whole machine, taken by processes not under test
     contended: bool                     # other processes took enough that the row is unsound
     first_errors: list[str] = field(default_factory=list)
+    price: float | None = None          # the verifiers' price through the window (0..1)
+    position_cost: float | None = None  # what a drafted position cost them, in 1-token steps
 
 
 def tpot_of(sample: Sample) -> float | None:
@@ -154,7 +158,8 @@ def summarize(channel: str, device: str, config: str, users: int, samples: Seque
         emulator_saturated=driver_share is not None and driver_share >= SATURATED_CPU_SHARE,
         other_cpu_share=other_share,
         contended=other_share is not None and other_share >= CONTENDED_CPU_SHARE,
-        first_errors=[s.error for s in samples if s.error][:3])
+        first_errors=[s.error for s in samples if s.error][:3],
+        price=reading.price, position_cost=reading.position_cost)
 
 
 @dataclass

@@ -107,6 +107,9 @@ def device_draft(shared: Shared, device: DeviceSpec, paced: bool, live_source: C
                           device.prefill_tokens_per_s or shared.real_prefill_tok_s)
 
 
+PRICE_EVERY_S = 0.5  # how often a point reads the verifiers' price through its window
+
+
 class _Counter:
     """Tokens committed inside the measuring window, from every user's thread."""
 
@@ -140,6 +143,14 @@ def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, prof
             samples.append(sample)
 
     readings: dict[str, tuple] = {}
+    prices: list[tuple[float, float | None]] = []
+
+    def watch_prices(until: float) -> None:
+        """The verifiers' price and position cost through the window (Info, every PRICE_EVERY_S)."""
+        while (left := until - time.monotonic()) > 0 and not stop.wait(min(PRICE_EVERY_S, left)):
+            said = server.prices() if time.monotonic() < until else None
+            if said is not None:
+                prices.append(said)
 
     def read(label: str, at: float) -> None:
         if not stop.wait(max(0.0, at - time.monotonic())):
@@ -151,6 +162,7 @@ def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, prof
         addresses = [farm.add(profile, server.for_user(u).host_port, user_offset(profile, u, users),
                               seed=f"{profile.seed}:{u}") for u in range(users)]
         reader = threading.Thread(target=lambda: (read("from", window.measure_from),
+                                                  watch_prices(window.measure_until),
                                                   read("until", window.measure_until)), daemon=True)
         if name == VLLM:
             workers = [farm.submit(run_openai_user(
@@ -177,7 +189,7 @@ def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, prof
         for channel in channels:
             channel.close()
     measured = [s for s in samples if window.measure_from <= s.started < window.measure_until]
-    reading = _reading(readings, counter.value, window_s, driver_cores)
+    reading = _reading(readings, counter.value, window_s, driver_cores, prices)
     return summarize(profile.name, device.name, name, users, measured, reading, options.slo_ttft_s,
                      options.slo_tpot_s, options.extra_tpot_slos), measured
 
@@ -215,9 +227,14 @@ def _wait_all(all_done: Callable[[float], bool], window: Window, stop: threading
     stop.set()
 
 
-def _reading(readings: dict[str, tuple], tokens: int, window_s: float, driver_cores: int) -> ServerReading:
+def _reading(readings: dict[str, tuple], tokens: int, window_s: float, driver_cores: int,
+             prices: Sequence[tuple[float, float | None]] = ()) -> ServerReading:
+    costs = [c for _, c in prices if c is not None]
+    said = {"price": sum(p for p, _ in prices) / len(prices) if prices else None,
+            "position_cost": sum(costs) / len(costs) if costs else None}
     if "from" not in readings or "until" not in readings:
-        return ServerReading(window_s=window_s, window_tokens=tokens, driver_cores=driver_cores)
+        return ServerReading(window_s=window_s, window_tokens=tokens, driver_cores=driver_cores,
+                             **said)
     (t_a, passes_a, cpu_a, self_a, all_a), (t_b, passes_b, cpu_b, self_b, all_b) = \
         readings["from"], readings["until"]
 
@@ -228,7 +245,8 @@ def _reading(readings: dict[str, tuple], tokens: int, window_s: float, driver_co
     return ServerReading(window_s=t_b - t_a, window_tokens=tokens,
                          batched_passes=delta(passes_a, passes_b), verifier_cpu_s=verifier,
                          driver_cpu_s=driver, driver_cores=driver_cores,
-                         other_cpu_s=max(0.0, all_b - all_a - (verifier or 0.0) - (driver or 0.0)))
+                         other_cpu_s=max(0.0, all_b - all_a - (verifier or 0.0) - (driver or 0.0)),
+                         **said)
 
 
 def user_counts(options: CapacityOptions) -> list[int]:

@@ -34,6 +34,14 @@ class Sample:
     agrees: bool = True             # output identical to the target's greedy reference
     error: str | None = None
     finished: bool = True           # False: still running when the point's drain ended
+    # Where a Tandem request's TTFT went (seconds): before its first round (the draft's
+    # prefill, the Open with the verifier's prefill), then that round's drafting, its round
+    # trip and, of that, the wait for a pass and the pass; its kind and k. None: not a Tandem
+    # request, or no round.
+    first_round: dict | None = None
+    # Its speculative rounds: how many, the mean k asked, tokens drafted and tokens committed a
+    # round (what the controller chose and what it bought). None: no such round.
+    blocks: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -86,12 +94,35 @@ def run_tandem_user(user: int, client: EdgeClient, prompts: Sequence[list[int]],
             sample.reopens = result.reopens
             sample.agrees = result.token_ids == references[index][:len(result.token_ids)]
             sample.finished = result.finish_reason != "cancelled" and sample.tokens == max_tokens
+            sample.first_round = first_round_of(result.rounds_log)
+            sample.blocks = blocks_of(result.rounds_log)
         except Exception as error:  # noqa: BLE001 - a failed request is a measured error
             sample.wall_s = time.monotonic() - sample.started
             sample.error = f"{type(error).__name__}: {error}"[:300]
         record(sample)
         if window.think_s and stop.wait(window.think_s):
             break
+
+
+def first_round_of(rounds: Sequence) -> dict | None:
+    """The first round's share of the TTFT (Sample.first_round), from its RoundRecord."""
+    if not rounds:
+        return None
+    r = rounds[0]
+    return {"before_s": round(r.t_start_s, 5), "mode": r.mode, "k": r.k_asked,
+            "draft_s": round(r.draft_s, 5), "rtt_s": round(r.rtt_s, 5),
+            "queue_s": round(r.server_queue_s, 5), "forward_s": round(r.server_forward_s, 5)}
+
+
+def blocks_of(rounds: Sequence) -> dict | None:
+    """The speculative rounds' means (Sample.blocks)."""
+    verified = [r for r in rounds if r.mode == "verify"]
+    if not verified:
+        return None
+    n = len(verified)
+    return {"rounds": n, "k": round(sum(r.k_asked for r in verified) / n, 2),
+            "drafted": round(sum(r.drafted for r in verified) / n, 2),
+            "committed": round(sum(r.committed for r in verified) / n, 2)}
 
 
 async def run_openai_user(user: int, base_url: str, model: str, prompts: Sequence[list[int]],

@@ -49,6 +49,8 @@ class RoundView:
     fast: bool = False              # the request is in fast mode: skippable blocks go unverified
     price: float = 0.0              # the verifier's price, 0..1, as its last reply said (0 from
                                     # one that does not price its passes: cloud/price.py)
+    position_cost: float | None = None  # what a drafted position costs the verifier in 1-token
+                                        # steps, as it measured (Opened); None: not said
     min_tokens_per_s: float | None = None  # the request's speed floor; None = the client's
 
 

@@ -107,6 +107,9 @@ class VerifierLink:
         # The verifier's price (protos/tandem/v1/decoding.proto), as its last reply said; 0
         # from a verifier that does not price its passes (Opened.priced unset).
         self.price = 0.0
+        # What a drafted position costs that verifier (Opened.position_cost); None: not
+        # measured there, or not said (the controller's own estimate then).
+        self.position_cost: float | None = None
         self.wire_round = 0          # Draft.round of the last block sent
         self.totals = LinkTotals()
 
@@ -147,6 +150,8 @@ class VerifierLink:
             else None
         self.load = opened.load
         self.price = read_price(opened.price) if opened.priced else 0.0
+        self.position_cost = read_price(opened.position_cost) \
+            if opened.priced and opened.HasField("position_cost") else None
         # The Open's round trip and the server's share of it (the offline policy's first RTT).
         self.open_rtt_s = time.monotonic() - t_open
         self.prefill_s = opened.prefill_ms / 1000.0
