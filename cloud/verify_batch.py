@@ -147,15 +147,15 @@ def _stack_rows(members: list[int], checks, logits, width: int) -> torch.Tensor:
 def _greedy(members, checks, logits, out) -> None:
     device = logits[members[0]].device
     drafts, lengths, width = _padded_drafts(members, checks, device)
-    base = getattr(logits, "padded", None)
-    if base is not None:
+    flat = getattr(logits, "flat", None)  # the torch runtime's PassLogits; vLLM's: a list
+    if flat is not None:
         # One argmax over the whole pass, then each job's k + 1 rows.
-        argmax = base.argmax(dim=-1)                                             # [B, N]
-        starts = torch.tensor([logits.rows[i] * argmax.shape[1] + checks[i].offset
-                               for i in members], device=device)
+        argmax = flat.argmax(dim=-1)                                             # [T]
+        starts = torch.tensor([logits.starts[i] + checks[i].offset for i in members],
+                              device=device)
         index = starts[:, None] + torch.arange(width + 1, device=device)[None, :]
         index = torch.minimum(index, starts[:, None] + lengths[:, None])        # pad: last row
-        target = argmax.reshape(-1)[index]                                       # [G, K + 1]
+        target = argmax[index]                                                   # [G, K + 1]
     else:
         target = _stack_rows(members, checks, logits, width).argmax(dim=-1)
     accepted, bonus = verify_greedy_batch(drafts, lengths, target)
