@@ -96,9 +96,9 @@ def slot_attention(module: torch.nn.Module,
     if batch.rows is not None:
         keys = keys[batch.rows, :, : batch.length]                             # [B, kv, L, D]
         values = values[batch.rows, :, : batch.length]
-    else:
-        keys = keys[batch.slots, :, : batch.length]
-        values = values[batch.slots, :, : batch.length]
+    else:  # index_select of the narrowed pool: half the time of advanced indexing on a CPU
+        keys = keys.narrow(2, 0, batch.length).index_select(0, batch.slots)
+        values = values.narrow(2, 0, batch.length).index_select(0, batch.slots)
     packed = query[0].transpose(0, 1)                                          # [T, H, D]
     if batch.pad_index is None:
         laid = packed.reshape(size, width, heads, head_dim)
