@@ -2,8 +2,11 @@
 
 Each session thread submits (kv_state, new_tokens) and waits on a future; one worker thread
 takes the first waiting job, gathers more for up to `window_ms` (or until every active session
-has a job in, or `max_batch` is reached), and runs them as a single batched forward pass. Long
-jobs (prefills) run alone so that a 1000-token prompt never pads a batch of 9-token rounds.
+has a job in, or `max_batch` is reached), and runs them as a single batched forward pass.
+Prompt jobs (prefills, `alone`) never share a pass with rounds: the attention lays queries out
+one row per session, so one 1000-token prompt would pad every 9-token round to 1000. They share
+passes with each other instead (whatever prompts wait, up to PROMPT_PASS_TOKENS tokens a pass),
+after the rounds gathered with them: a pass's fixed part is paid once for many prompts.
 
 A job may carry its round's acceptance test (cloud.verify.RoundCheck): with a `verify`
 function the worker runs the test of every round in the pass in one batched step right after
@@ -60,6 +63,8 @@ class _Job:
 
 
 _STOP = object()
+PROMPT_PASS_TOKENS = 2048  # the most prompt tokens one pass of prompts takes (its attention
+                           # pads each to the longest of them)
 
 
 class Batcher:
@@ -125,22 +130,22 @@ class Batcher:
                 stopping = True
                 self._drain()
                 break
-            if job.alone:
-                self._execute([job])
-                continue
-            batch, held, stopping = self._gather(job)
-            self._execute(batch)
-            for other in held:
-                self._execute([other])
+            batch, prompts, stopping = self._gather(job)
+            if batch:
+                self._execute(batch)
+            for group in _prompt_passes(prompts):
+                self._execute(group)
             if stopping:
                 self._drain()
 
     def _gather(self, first: _Job) -> tuple[list[_Job], list[_Job], bool]:
-        batch, held = [first], []
-        deadline = time.perf_counter() + self.window_s
+        """(rounds for one pass, prompts waiting, stop seen). A prompt first gathers no window:
+        waiting cannot make its pass cheaper, only later."""
+        batch, prompts = ([], [first]) if first.alone else ([first], [])
+        deadline = time.perf_counter() + (0.0 if first.alone else self.window_s)
         while len(batch) < self.max_batch:
             remaining = deadline - time.perf_counter()
-            wanted = len(batch) < self._active_sessions()
+            wanted = batch and len(batch) < self._active_sessions()
             try:
                 # "As many as are waiting" always; wait out the window only while it can help.
                 job = self._queue.get(timeout=remaining) if wanted and remaining > 0 \
@@ -148,9 +153,9 @@ class Batcher:
             except queue.Empty:
                 break
             if job is _STOP:
-                return batch, held, True
-            (held if job.alone else batch).append(job)
-        return batch, held, False
+                return batch, prompts, True
+            (prompts if job.alone else batch).append(job)
+        return batch, prompts, False
 
     def _drain(self) -> None:
         while True:
@@ -197,3 +202,18 @@ class Batcher:
                 logits=outputs[i], queue_ms=(started - job.submitted) * 1000.0,
                 forward_ms=forward_ms, batch_size=len(batch), verdict=verdicts[i],
                 verify_ms=verify_ms, positions=positions))
+
+
+def _prompt_passes(prompts: list[_Job]) -> list[list[_Job]]:
+    """Prompts in arrival order, grouped into passes of at most PROMPT_PASS_TOKENS tokens (a
+    longer prompt alone)."""
+    groups: list[list[_Job]] = []
+    tokens = 0
+    for job in prompts:
+        if groups and tokens + len(job.tokens) <= PROMPT_PASS_TOKENS:
+            groups[-1].append(job)
+            tokens += len(job.tokens)
+        else:
+            groups.append([job])
+            tokens = len(job.tokens)
+    return groups

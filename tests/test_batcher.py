@@ -1,5 +1,6 @@
 """The batcher, driven directly with the real target runtime: concurrent jobs share one forward
-pass and get what they would alone, prefills run alone, failures reach every waiting job, and
+pass and get what they would alone, prompts share passes with each other but never with rounds,
+failures reach every waiting job, and
 a closed batcher refuses new work."""
 from __future__ import annotations
 
@@ -63,15 +64,39 @@ def test_a_lone_session_does_not_wait_for_the_window(runtime):
     assert result.batch_size == 1 and result.queue_ms < 4000
 
 
-def test_prefill_jobs_run_alone(runtime):
-    batcher = Batcher(runtime.forward, max_batch=8, window_ms=100, active_sessions=lambda: 3)
-    futures = [batcher.submit(runtime.new_state(), list(range(1, 30)), alone=True),
-               batcher.submit(_prefilled(runtime, [1, 2]), [3]),
-               batcher.submit(_prefilled(runtime, [5, 6]), [7])]
+def test_prompts_share_passes_with_prompts_never_with_rounds(runtime):
+    """Three prompts and two rounds queue while a pass runs: the rounds share one pass, the
+    prompts another (packed, no padding to each other), and every job gets what it would
+    alone. A pass of prompts stops at PROMPT_PASS_TOKENS."""
+    from cloud.batcher import PROMPT_PASS_TOKENS
+    release, first_pass = threading.Event(), threading.Event()
+
+    def held_forward(batch):
+        if not first_pass.is_set():  # hold the first pass so the others queue behind it
+            first_pass.set()
+            release.wait(30)
+        return runtime.forward(batch)
+
+    prompts = [list(range(1, 30)), list(range(40, 52)), list(range(60, 101))]
+    rounds = [([1, 2], [3]), ([5, 6], [7, 8])]
+    batcher = Batcher(held_forward, max_batch=8, window_ms=0, active_sessions=lambda: 6)
+    blocker = batcher.submit(_prefilled(runtime, [9, 9]), [9])
+    assert first_pass.wait(30)
+    futures = [batcher.submit(runtime.new_state(), p, alone=True) for p in prompts]
+    futures += [batcher.submit(_prefilled(runtime, c), b) for c, b in rounds]
+    release.set()
     results = [future.result(timeout=30) for future in futures]
+    blocker.result(timeout=30)
     batcher.close()
-    assert results[0].batch_size == 1
-    assert results[0].logits.shape[0] == 29
+    assert [r.batch_size for r in results] == [3, 3, 3, 2, 2]
+    assert results[0].positions == sum(len(p) for p in prompts)
+    expected = [runtime.score(runtime.new_state(), p) for p in prompts]
+    expected += [runtime.score(_prefilled(runtime, c), b) for c, b in rounds]
+    for one, result in zip(expected, results):
+        assert (one - result.logits.float().cpu()).abs().max() < 1e-4
+    from cloud.batcher import _prompt_passes, _Job
+    jobs = [_Job(None, [0] * n, True) for n in (PROMPT_PASS_TOKENS - 10, 20, 5, PROMPT_PASS_TOKENS)]
+    assert [len(g) for g in _prompt_passes(jobs)] == [1, 2, 1]
 
 
 def test_a_failed_pass_reaches_every_job_in_it(runtime):
