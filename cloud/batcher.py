@@ -6,7 +6,8 @@ has a job in, or `max_batch` is reached), and runs them as a single batched forw
 Prompt jobs (prefills, `alone`) never share a pass with rounds: the attention lays queries out
 one row per session, so one 1000-token prompt would pad every 9-token round to 1000. They share
 passes with each other instead (whatever prompts wait, up to PROMPT_PASS_TOKENS tokens a pass),
-after the rounds gathered with them: a pass's fixed part is paid once for many prompts.
+before the rounds gathered with them (as vLLM's scheduler puts prefills first: a request's
+time to first token waits on its prompt, a round's next token only on a share of its TPOT).
 
 A job may carry its round's acceptance test (cloud.verify.RoundCheck): with a `verify`
 function the worker runs the test of every round in the pass in one batched step right after
@@ -131,10 +132,10 @@ class Batcher:
                 self._drain()
                 break
             batch, prompts, stopping = self._gather(job)
+            for group in _prompt_passes(prompts):  # prompts first: a user waits for its
+                self._execute(group)                # first token, rounds have their next
             if batch:
                 self._execute(batch)
-            for group in _prompt_passes(prompts):
-                self._execute(group)
             if stopping:
                 self._drain()
 

@@ -65,13 +65,15 @@ def test_a_lone_session_does_not_wait_for_the_window(runtime):
 
 
 def test_prompts_share_passes_with_prompts_never_with_rounds(runtime):
-    """Three prompts and two rounds queue while a pass runs: the rounds share one pass, the
-    prompts another (packed, no padding to each other), and every job gets what it would
+    """Three prompts and two rounds queue while a pass runs: the prompts share one pass (packed,
+    no padding to each other), run first, and the rounds another; every job gets what it would
     alone. A pass of prompts stops at PROMPT_PASS_TOKENS."""
     from cloud.batcher import PROMPT_PASS_TOKENS
     release, first_pass = threading.Event(), threading.Event()
+    passes: list[int] = []  # jobs per pass, in the order the passes ran
 
     def held_forward(batch):
+        passes.append(len(batch))
         if not first_pass.is_set():  # hold the first pass so the others queue behind it
             first_pass.set()
             release.wait(30)
@@ -89,6 +91,7 @@ def test_prompts_share_passes_with_prompts_never_with_rounds(runtime):
     blocker.result(timeout=30)
     batcher.close()
     assert [r.batch_size for r in results] == [3, 3, 3, 2, 2]
+    assert passes == [1, 3, 2]  # the held pass, the prompts, the rounds
     assert results[0].positions == sum(len(p) for p in prompts)
     expected = [runtime.score(runtime.new_state(), p) for p in prompts]
     expected += [runtime.score(_prefilled(runtime, c), b) for c, b in rounds]
