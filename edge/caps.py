@@ -3,7 +3,8 @@ Opened: protos/tandem/v1/decoding.proto).
 
 What 0 means, one meaning per field, as the proto's comments on Limits say:
   max_draft_length     0 = no drafts: only k = 0 blocks (the verdict's token alone); the
-                       verifier refuses any block longer than its limit (cloud/service.py)
+                       verifier refuses any block longer than its limit (cloud/convert.py
+                       check_draft_sizes on the wire, cloud/engine.py _check_draft)
   max_in_flight        0 or 1 = no send-ahead
   max_generate_tokens  0 = Generate not served
   max_context, max_q_entries
