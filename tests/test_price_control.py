@@ -182,6 +182,24 @@ def test_identical_users_switch_at_different_prices():
     assert max(switch_at) / min(switch_at) >= (1 + PRICE_JITTER / 2) / (1 - PRICE_JITTER / 2)
 
 
+def test_identical_speculating_users_draft_alike_whatever_their_jitter():
+    """The jitter spreads when users switch between cloud runs and speculation; it does not
+    spread how long they draft: controllers measured alike choose the same k at any price
+    (different k under load left users at 7-20 tok/s side by side)."""
+    # a loaded verifier (250 ms a round): jittered, these users drafted k = 7, 9 or 11 at 0.3
+    wifi, laptop = Link(latency_s=0.012, server_s=0.25), Draft(alpha=0.85, s_per_token=0.004)
+    view = RoundView(round=1, generated=1000, remaining=1000, max_k=32, link_state="up",
+                     sampling=False, history=[], max_q_entries=16)
+    for price in (0.3, 0.6, 1.0):
+        ks = set()
+        for seed in range(12):
+            policy = adaptive()
+            policy.pricing = PriceResponse(policy.pricing.min_tokens_per_s, random.Random(seed))
+            run(policy, wifi, laptop, 40, random.Random(1), price=price)  # the same rounds
+            ks.add(policy.choose(RoundView(**{**view.__dict__, "price": price}))[0].k)
+        assert len(ks) == 1, (price, ks)
+
+
 def test_priced_score_and_the_stay_bonus():
     """The score's parts: cost per token in 1-token steps (a cloud run 1, a block of k its
     (1 + POSITION_COST k) / E(k)), the discount at a price, and the running kind's edge."""
