@@ -113,6 +113,19 @@ def test_the_price_moves_the_choice_and_back():
     assert cloudy(log[-20:]) >= 15  # speculation measured again now and then, then the cloud
 
 
+def test_a_priced_verifier_gets_no_settled_cloud_runs():
+    """Free, a cloud run that nothing would re-decide soon is long (a second of the stream); on
+    a priced verifier it is only as long as the link's latency asks: the price may move, and a
+    settled run would outlast it."""
+    def run_lengths(price):
+        log = run(adaptive(cloud_generate=True), LTE, PHONE, 60, random.Random(3), price=price)
+        return {plan.cloud_generate for plan, _ in log[-10:]}
+
+    free, priced_runs = run_lengths(0.0), run_lengths(0.02)
+    assert all(n > 0 for n in free | priced_runs)  # the cloud generates either way ...
+    assert max(priced_runs) < min(free)             # ... in shorter runs when priced
+
+
 def test_a_floor_the_speculation_cannot_meet_keeps_the_cloud():
     """A floor of 30 tok/s (the request's own, over the client's 15): speculating (~16) would
     miss it, so even at price 1 the cloud generates; a floor no option meets (1000) leaves
