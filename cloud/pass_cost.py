@@ -18,8 +18,9 @@ A speculative round of k drafted tokens then costs (1 + position_cost * k) one-t
 
     position_cost = c / step
 
-0.15-0.3 for a small target on one CPU core at load (positions are compute there: a [64, 5]
-pass takes 1.6-2x a [64, 1] step) and near 0 on a GPU (decoding is memory-bound: a 5-token
+about 0.1-0.25 for the shipped target on one CPU core at load (positions are compute there;
+measured at 64 users on wifi/laptop: 0.09 under fixed k = 4, 0.14 adaptive, 0.24 cloud-only,
+whose passes hold the most sessions) and near 0 on a GPU (decoding is memory-bound: a 5-token
 pass costs about a 1-token step). None until both are known (a backend that does not measure
 c, e.g. vLLM, or no pass yet): the edge then uses its own estimate (edge/control/pricing.py).
 """
