@@ -275,7 +275,7 @@ def test_a_free_verifier_reads_as_free(target_runtime, tokens):
         link = VerifierLink(pb_grpc.DecodingStub(channel_to(port)), (), session_id="s",
                             target_model="", fingerprint=target_runtime.fingerprint,
                             sampling=SamplingParams())
-        link.wait_rule = WaitRule()
+        link.bind(WaitRule(), should_stop=lambda: False)  # as a generation binds its link
         link.open(tokens[3][:10], late_s=10.0)
         assert link.price == 0.0
         link.close()
