@@ -39,6 +39,7 @@ OPENS = "tandem_verifier_sessions_opened_total"
 PREFILL = "tandem_verifier_prefill_tokens_total"
 LIVE = "tandem_verifier_sessions"
 ROUNDS = "tandem_verifier_rounds_total"
+GENERATED = "tandem_verifier_generated_tokens_total"  # cloud runs: a session's progress too
 MOVES = "tandem_edge_session_moves_total"
 REOPENS = "tandem_edge_session_reopens_total"
 
@@ -151,8 +152,8 @@ def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[Ve
     """The run above on two running verifiers (two_verifiers); `policy`: the daemon's
     cloud.load_balancing (with `proxy` the daemon sees one address: auto). The first verifier
     is killed once it holds at least `kill_when_live` sessions and has answered as many rounds
-    as it holds (they are past their Opens, mid-stream; not at all without `kill`: then only
-    evictions re-open sessions).
+    or cloud-run tokens as it holds (they are past their Opens, mid-stream; not at all without
+    `kill`: then only evictions re-open sessions).
     solo: the prompts' outputs alone, when known (else run here)."""
     from bench.nginx import NginxProxy
 
@@ -190,12 +191,15 @@ def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[Ve
         deadline = time.monotonic() + timeout_s
         while kill:  # polls a's own counters: the kill must land mid-stream on its sessions
             now = a.metrics()
-            live, rounds = now.get(LIVE, 0), now.get(ROUNDS, 0) - before[a.name].get(ROUNDS, 0)
-            if live >= min(kill_when_live, n) and rounds >= live:
+            live = now.get(LIVE, 0)
+            # rounds verified and cloud-run tokens: either way its sessions are mid-stream
+            steps = sum(now.get(m, 0) - before[a.name].get(m, 0) for m in (ROUNDS, GENERATED))
+            if live >= min(kill_when_live, n) and steps >= live:
                 break
             if not wave.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the first wave ended before verifier a held sessions "
-                                   f"mid-stream (last seen: {live:.0f} live, {rounds:.0f} rounds)")
+                                   f"mid-stream (last seen: {live:.0f} live, {steps:.0f} rounds and cloud-run "
+                                   f"tokens)")
             time.sleep(0.02)
         if kill:
             live = int(now.get(LIVE, 0))

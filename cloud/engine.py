@@ -249,6 +249,7 @@ class Verifier:
             session.pending_token = token
             session.context_length = start + 1
             session.generated += 1
+            self.metrics.observe_generated()
             done = i == request.max_tokens - 1 or token in request.stop_ids
             yield GeneratedToken(token=token, context_length=session.context_length, done=done,
                                  timings=Timings(queue_ms=result.queue_ms,

@@ -48,6 +48,8 @@ class VerifierMetrics:
         self.refusals = counter("verifier_refusals", "calls refused, by gRPC status code",
                                 ("code",))
         self.rounds = counter("verifier_rounds", "verification rounds (Draft -> Verdict)")
+        self.generated_tokens = counter("verifier_generated_tokens", "tokens the verifier "
+                                        "generated itself (cloud runs: Generate)")
         self.prefill_tokens = counter("verifier_prefill_tokens", "context tokens prefilled by "
                                                                  "Open")
         self.batch_size = Histogram("verifier_batch_size", "sessions in one batched forward "
@@ -90,7 +92,8 @@ class VerifierMetrics:
         self.kv_budget_bytes = Gauge("verifier_kv_budget_bytes", "KV-cache bytes all sessions "
                                      "may hold (limits.kv_budget_bytes)", ("model",),
                                      namespace=ns, registry=reg)
-        for metric in (self.sessions_opened, self.evictions, self.rounds, self.prefill_tokens,
+        for metric in (self.sessions_opened, self.evictions, self.rounds, self.generated_tokens,
+                       self.prefill_tokens,
                        self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens):
             metric.labels(**labels)  # present (at 0) from the start
         self.price.labels(**labels)
@@ -127,6 +130,9 @@ class VerifierMetrics:
 
     def observe_refusal(self, code: str) -> None:
         self.refusals.labels(model=self._model, code=code).inc()
+
+    def observe_generated(self) -> None:
+        self.generated_tokens.labels(model=self._model).inc()
 
     def observe_round(self, drafted: int, accepted: int, batch_size: int, queue_s: float,
                       forward_s: float, verify_s: float) -> None:

@@ -179,9 +179,7 @@ class AdaptivePolicy(DraftPolicy):
             return spec, None
         new_text = self.generation_blocks < NEW_TEXT_BLOCKS
         if not worth_measuring(self.costs, spec, specs, cloud.rate, new_text):
-            # nothing to re-decide soon, unless the verifier prices its passes: the price moves
-            # (a run settled at a low price went on for seconds after it rose: 5.8 tok/s)
-            return spec, self.cloud_option(view, settled=view.price == 0)
+            return spec, self.cloud_option(view, settled=view.price == 0)  # options.py says why
         if new_text or self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS:
             # measure speculation: at once on a new prompt's text, else now and then
             return drafting_block(spec, specs, score), None

@@ -21,7 +21,9 @@ CLOUD_LATENCY_SHARE = 0.10        # a cloud run is long enough that the link's l
 CLOUD_SETTLED_RUN_S = 1.0         # ... and when speculation is not worth measuring again, as
                                   # long as this much of the stream: nothing is re-decided
                                   # between runs then, and each run pays the link's latency once
-                                  # more (wifi/phone: 0.91x cloud-only with 16-token runs)
+                                  # more (wifi/phone: 0.91x cloud-only with 16-token runs); not
+                                  # on a priced verifier, whose price may move meanwhile (a run
+                                  # settled at a low price ran on at 5.8 tok/s after it rose)
 CLOUD_EXPLORE_RATIO = 0.8         # speculation is measured again when expected within this
                                   # of the cloud's rate ...
 EXPLORE_EVIDENCE = 4.0            # ... or, before this many verified rounds (decayed) of
