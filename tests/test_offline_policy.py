@@ -103,6 +103,8 @@ def test_an_overloaded_verifiers_retry_hint_is_the_earliest_probe():
      "100000f7:SSL routines:OPENSSL_internal:WRONG_VERSION_NUMBER", FailureKind.MISCONFIGURED,
      "TLS"),
     (grpc.StatusCode.UNAVAILABLE, "CERTIFICATE_VERIFY_FAILED", FailureKind.MISCONFIGURED, "TLS"),
+    (grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; last error: UNKNOWN: "
+     "ipv4:127.0.0.1:38199: tcp handshaker shutdown", FailureKind.OUTAGE, "unreachable"),
     (grpc.StatusCode.UNAUTHENTICATED, "missing API key", FailureKind.MISCONFIGURED,
      "authentication"),
     (grpc.StatusCode.PERMISSION_DENIED, "API key not accepted", FailureKind.MISCONFIGURED,
