@@ -64,7 +64,8 @@ class Verifier:
             runtime.model_dir, runtime.name, runtime.fingerprint)
         # The price edges read (cloud/price.py), from every job's wait for its pass.
         self.price = PassPrice(batch.target_queue_ms)
-        # What a drafted position costs here (cloud/pass_cost.py), from every pass's time.
+        # What a drafted position costs here (cloud/pass_cost.py): the runtime's probe at start
+        # over a session's share of the live passes.
         self.pass_costs = PassCosts(runtime.position_ms)
         self.metrics = VerifierMetrics(model=runtime.name)
         self.metrics.watch(sessions=lambda: self.table.active,

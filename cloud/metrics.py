@@ -86,9 +86,9 @@ class VerifierMetrics:
                                          "job waits for its forward pass (the price's input)",
                                          ("model",), namespace=ns, registry=reg)
         self.position_cost = Gauge("verifier_position_cost", "what one more drafted position "
-                                   "adds to a session's share of a pass, in one-token steps, "
-                                   "fitted from the passes (cloud/pass_cost.py); NaN until "
-                                   "measured", ("model",), namespace=ns, registry=reg)
+                                   "adds to a session's share of a pass, in one-token steps "
+                                   "(measured at start, over the live passes: cloud/pass_cost.py); "
+                                   "NaN until measured", ("model",), namespace=ns, registry=reg)
         self.kv_budget_bytes = Gauge("verifier_kv_budget_bytes", "KV-cache bytes all sessions "
                                      "may hold (limits.kv_budget_bytes)", ("model",),
                                      namespace=ns, registry=reg)

@@ -80,10 +80,12 @@ class DecodingServicer(pb_grpc.DecodingServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not a tandem.v1.InfoRequest")
         runtime = self.engine.runtime
         return pb.InfoReply(model=runtime.name, tokenizer_fingerprint=runtime.fingerprint,
-                            limits=convert.limits_message(self.engine.limits), device=str(runtime.device),
-                            dtype=runtime.dtype, active_sessions=self.engine.table.active,
+                            limits=convert.limits_message(self.engine.limits),
+                            device=str(runtime.device), dtype=runtime.dtype,
+                            active_sessions=self.engine.table.active,
                             target=convert.identity_message(self.engine.identity),
-                            batches=convert.batch_stats_message(self.engine), price=self.engine.price.value(),
+                            batches=convert.batch_stats_message(self.engine),
+                            price=self.engine.price.value(),
                             queue_delay_ms=self.engine.price.queue_delay_ms(),
                             position_cost=self.engine.pass_costs.position_cost(),
                             verifier=self.name)
@@ -140,7 +142,8 @@ class _Stream:
         with self._lock:
             self.session = opened.session
         self.priced = message.priced
-        reply = pb.Opened(session_id=opened.session.session_id, limits=convert.limits_message(self.engine.limits),
+        reply = pb.Opened(session_id=opened.session.session_id,
+                          limits=convert.limits_message(self.engine.limits),
                           load=opened.load, prefill_ms=opened.prefill_ms, q_codec=opened.q_codec,
                           target=convert.identity_message(self.engine.identity), verifier=self.name)
         if self.priced:  # an older edge did not offer: its Opened stays as it was

@@ -9,8 +9,9 @@ key/value into the session's slot and attends over the slots with a per-session 
 rows of the output are then what session i alone would get (up to float rounding). Packed, a
 pass costs what its real tokens cost: blocks of 1 to 17 tokens in one pass no longer compute
 the short ones padded to the longest (measured: an adaptive controller's passes, k 4-16, spent
-~40% of their position compute on padding). The model's own modules do everything else, so any HF causal LM whose
-attention goes through transformers' AttentionInterface works (Llama, GPT-2, ...).
+~40% of their position compute on padding). The model's own modules do everything else, so
+any HF causal LM whose attention goes through transformers' AttentionInterface works (Llama,
+GPT-2, ...).
 """
 from __future__ import annotations
 

@@ -49,10 +49,11 @@ PRICE_WEIGHT = 8.0    # the exponent at price 1: a 10% cheaper option wins unles
                       # the floor"; at price 0.25 the cloud must be 4x faster than speculating
                       # at half its cost (phone on lte: cloud runs 70-80 tok/s, speculation 15-23)
 POSITION_COST = 0.15  # a pass's cost grows by this share of a 1-token step per drafted position
-                      # (the fallback for a verifier that does not measure it): measured on this CPU with the shipped target, 300-token contexts, one
-                      # core: [64, 5] 1.59x and [64, 9] 2.17x a [64, 1] step (0.15 a position;
-                      # [32, 5] 1.39x); a GPU ~0 (memory-bound). Too low a cost makes the priced
-                      # controller draft long blocks whose passes cost more than they save
+                      # (the fallback for a verifier that does not measure it): measured on this
+                      # CPU with the shipped target, 300-token contexts, one core: [64, 5] 1.59x
+                      # and [64, 9] 2.17x a [64, 1] step (0.15 a position; [32, 5] 1.39x); a GPU
+                      # ~0 (memory-bound). Too low a cost makes the priced controller draft long
+                      # blocks whose passes cost more than they save
 PRICE_JITTER = 0.3    # each controller's exponent is scaled by a draw in 1 -/+ this
 STAY_BONUS = 1.1      # the kind of round running now wins ties within this factor
 
