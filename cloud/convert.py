@@ -11,6 +11,7 @@ from cloud.engine_api import (Discarded, DraftRequest, EvictedNotice, GeneratedT
                               GenerateRequest, Limits, OpenRequest, RoundResult)
 from cloud.errors import InvalidRequest
 from cloud.identity import TargetIdentity
+from cloud.token_cost import CLOUD, SPECULATE
 from tandem.codec import from_proto
 from tandem.qcodec import MAX_CODED_BYTES_PER_TOKEN
 from tandem.sampling import SamplingParams
@@ -136,6 +137,10 @@ def batch_stats_message(engine: Verifier) -> pb.BatchStats:
     # A copy: the batcher thread adds to it. The vLLM backend has no batcher (vLLM batches).
     counts = dict(engine.batcher.size_counts) if engine.batcher is not None else {}
     largest = max(counts, default=0)
+    (speculate_ms, speculate_tokens), (cloud_ms, cloud_tokens) = (
+        engine.token_costs.totals(SPECULATE), engine.token_costs.totals(CLOUD))
     return pb.BatchStats(passes=sum(counts.values()),
                          rounds=sum(size * n for size, n in counts.items()), largest=largest,
-                         size_counts=[counts.get(size, 0) for size in range(1, largest + 1)])
+                         size_counts=[counts.get(size, 0) for size in range(1, largest + 1)],
+                         speculate_ms=speculate_ms, speculate_tokens=speculate_tokens,
+                         cloud_ms=cloud_ms, cloud_tokens=cloud_tokens)

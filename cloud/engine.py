@@ -32,6 +32,7 @@ from cloud.price import PassPrice
 from cloud.runtime.target import TargetRuntime
 from cloud.runtime.torch_backend import TorchBackend
 from cloud.sessions import Session, SessionTable
+from cloud.token_cost import CLOUD, SPECULATE, TokenCosts, job_share_ms
 from cloud.verify import RoundCheck, verify_round
 from tandem.codec import InvalidDistribution, SparseDist
 from tandem.metrics import tau
@@ -67,12 +68,16 @@ class Verifier:
         # What a drafted position costs here (cloud/pass_cost.py): the runtime's probe at start
         # over a session's share of the live passes.
         self.pass_costs = PassCosts(runtime.position_ms)
+        # What a committed token costs the passes per mode, verifier-wide (cloud/token_cost.py;
+        # each session keeps its own: Session.token_costs).
+        self.token_costs = TokenCosts()
         self.metrics = VerifierMetrics(model=runtime.name)
         self.metrics.watch(sessions=lambda: self.table.active,
                            kv_bytes=lambda: self.table.used_bytes,
                            kv_budget_bytes=limits.kv_budget_bytes)
         self.metrics.watch_price(self.price.value, self.price.queue_delay_ms,
                                  self.pass_costs.position_cost)
+        self.metrics.watch_token_costs(self.token_costs.per_token_ms)
         self.batcher = runtime.batcher  # the torch backend's; None on vLLM
         # The coded q format this verifier accepts (tandem/qcodec.py), and the time spent
         # decoding it (benchmarks read it: bench/e2e_report.py).
@@ -167,6 +172,7 @@ class Verifier:
                 verdict = verify_round(check, result.logits)
                 verify_ms = (time.perf_counter() - verify_started) * 1000.0
             self.runtime.rollback(session.state, start + m + verdict.accepted)
+            self._observe_tokens(session, SPECULATE, result, len(block), m + verdict.accepted + 1)
         except BaseException:
             # Undo the round's positions if the pass ran, and the uniforms it drew: the session
             # is as before the Draft.
@@ -235,6 +241,7 @@ class Verifier:
             try:
                 result = self.runtime.submit(session.state, [session.pending_token]).result()
                 self._observe_pass(result)
+                self._observe_tokens(session, CLOUD, result, 1, 1)
                 logits = result.logits[-1]                                    # [vocab]
                 if session.params.greedy:
                     token = int(logits.argmax())
@@ -350,6 +357,13 @@ class Verifier:
         """A job's pass: its wait (the price) and its share of the pass's time (pass costs)."""
         self.price.observe(result.queue_ms)
         self.pass_costs.observe_job(result)
+
+    def _observe_tokens(self, session: Session, mode: str, result: ForwardResult,
+                        positions: int, committed: int) -> None:
+        """A job's share of its pass, charged to the tokens it committed in `mode`."""
+        share = job_share_ms(result, positions, self.runtime.position_ms)
+        self.token_costs.observe(mode, share, committed)
+        session.token_costs.observe(mode, share, committed)
 
     def _log_end(self, session: Session, reason: str) -> None:
         # τ as everywhere else (tandem.metrics): 1 + accepted per round, the bonus counted.

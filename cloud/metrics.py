@@ -22,6 +22,8 @@ from collections.abc import Callable
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics, generate_latest, start_http_server)
 
+from cloud.token_cost import MODES as TOKEN_COST_MODES
+
 log = logging.getLogger(__name__)
 
 disable_created_metrics()  # no `_created` series (they double every counter's cardinality)
@@ -89,6 +91,11 @@ class VerifierMetrics:
                                    "adds to a session's share of a pass, in one-token steps "
                                    "(measured at start, over the live passes: cloud/pass_cost.py); "
                                    "NaN until measured", ("model",), namespace=ns, registry=reg)
+        self.token_cost_seconds = Gauge("verifier_token_cost_seconds", "what a committed "
+                                        "token costs the passes in each mode (speculate, "
+                                        "cloud), lately: each pass's time shared among its "
+                                        "sessions (cloud/token_cost.py); NaN until measured",
+                                        ("model", "mode"), namespace=ns, registry=reg)
         self.kv_budget_bytes = Gauge("verifier_kv_budget_bytes", "KV-cache bytes all sessions "
                                      "may hold (limits.kv_budget_bytes)", ("model",),
                                      namespace=ns, registry=reg)
@@ -99,6 +106,8 @@ class VerifierMetrics:
         self.price.labels(**labels)
         self.queue_delay_seconds.labels(**labels)
         self.position_cost.labels(**labels)
+        for mode in TOKEN_COST_MODES:
+            self.token_cost_seconds.labels(mode=mode, **labels)
 
     # ---- gauges read when scraped ----------------------------------------------------------
 
@@ -115,6 +124,11 @@ class VerifierMetrics:
             lambda: _or_nan(position_cost()))
         self.queue_delay_seconds.labels(model=self._model).set_function(
             lambda: queue_delay_ms() / 1000.0)
+
+    def watch_token_costs(self, per_token_ms: Callable[[str], float | None]) -> None:
+        for mode in TOKEN_COST_MODES:
+            self.token_cost_seconds.labels(model=self._model, mode=mode).set_function(
+                lambda mode=mode: _or_nan(per_token_ms(mode)) / 1000.0)
 
     # ---- hooks -----------------------------------------------------------------------------
 

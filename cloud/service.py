@@ -22,6 +22,7 @@ from cloud.engine_api import EvictedNotice
 from cloud.errors import CloudError, InvalidRequest, PreconditionFailed
 from cloud.inbox import Inbox, UndecodableMessage
 from cloud.sessions import Session
+from cloud.token_cost import said
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
@@ -88,7 +89,12 @@ class DecodingServicer(pb_grpc.DecodingServicer):
                             price=self.engine.price.value(),
                             queue_delay_ms=self.engine.price.queue_delay_ms(),
                             position_cost=self.engine.pass_costs.position_cost(),
-                            verifier=self.name)
+                            verifier=self.name, **said(self.engine.token_costs))
+
+
+def _set(message, fields: dict[str, float]) -> None:
+    for name, value in fields.items():
+        setattr(message, name, value)
 
 
 def _abort(context, exc: CloudError) -> None:
@@ -151,6 +157,7 @@ class _Stream:
             position_cost = self.engine.pass_costs.position_cost()
             if position_cost is not None:  # absent: not measured yet
                 reply.position_cost = position_cost
+            _set(reply, said(self.engine.token_costs))
         return pb.ServerMessage(opened=reply)
 
     def _price(self) -> float:
@@ -165,7 +172,9 @@ class _Stream:
         if isinstance(result, EvictedNotice):
             self.end("evicted")
             return convert.evicted_message(result)
-        return convert.verdict_message(result, self._price())
+        reply = convert.verdict_message(result, self._price())
+        self._token_costs(reply.verdict)
+        return reply
 
     def _generate(self, message: pb.Generate) -> Iterator[pb.ServerMessage]:
         tokens = self.engine.generate(self.session, convert.generate_request(message))
@@ -174,7 +183,15 @@ class _Stream:
                 self.end("evicted")
                 yield convert.evicted_message(item)
                 return
-            yield convert.generated_message(message.round, item, self._price())
+            reply = convert.generated_message(message.round, item, self._price())
+            self._token_costs(reply.generated)
+            yield reply
+
+    def _token_costs(self, reply: pb.Verdict | pb.Generated) -> None:
+        """A priced session's reply says what a committed token costs per mode: its own
+        figure where it has one, else the verifier's (an older edge's reply stays as it was)."""
+        if self.priced and self.session is not None:
+            _set(reply, said(self.session.token_costs, self.engine.token_costs))
 
     def end(self, reason: str) -> None:
         with self._lock:

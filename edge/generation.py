@@ -120,7 +120,7 @@ class Generation:
             state.result.finish_reason = "length"  # no round fits the context
             return
         view = state.view(max_k, ctx.caps, ctx.link.load, tuple(ctx.cursors), ctx.link.price,
-                          ctx.link.position_cost)
+                          ctx.link.position_cost, ctx.link.token_ms)
         plan, k = gate.before_draft(state.policy.plan(view), max_k, ctx.cursors)
         t_start = state.elapsed()
         # Every token of this request goes through the verifier (not fast mode, whose rounds

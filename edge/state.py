@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from edge.caps import Caps
-from edge.control.policy import DraftPolicy, RoundView
+from edge.control.policy import DraftPolicy, RoundView, TokenMs
 from edge.drafting import Block
 from edge.fast_mode import FastModeGate
 from edge.link.errors import Stopped
@@ -68,7 +68,8 @@ class GenerationState:
 
     def view(self, max_k: int, caps: Caps, server_load: float,
              drafters: tuple[str, ...], price: float = 0.0,
-             position_cost: float | None = None) -> RoundView:
+             position_cost: float | None = None,
+             token_ms: TokenMs = (None, None)) -> RoundView:
         """What the policy sees before a round (price, position_cost: the verifier's, as the
         link last heard them)."""
         return RoundView(round=len(self.result.rounds_log), generated=self.generated,
@@ -78,7 +79,7 @@ class GenerationState:
                          history=self.result.rounds_log, context_length=len(self.context),
                          max_q_entries=caps.q_entries_cap(), server_load=server_load,
                          fast=self.gate.fast, max_send_ahead=caps.window(), drafters=drafters,
-                         price=price, position_cost=position_cost,
+                         price=price, position_cost=position_cost, token_ms=token_ms,
                          min_tokens_per_s=getattr(self.request, "min_tokens_per_s", None))
 
     # ---- the end of a round ---------------------------------------------------------------

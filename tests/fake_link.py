@@ -109,6 +109,7 @@ class ScriptedLink:
         self.load = 0.0
         self.price = 0.0
         self.position_cost: float | None = None  # a drafted position's cost: not said
+        self.token_ms = (None, None)  # a committed token's cost per mode: not said
         self.server_context = 0
         self.open_rtt_s: float | None = None
         self.prefill_s = 0.0

@@ -27,15 +27,17 @@ LTE = Link(latency_s=0.070, server_s=0.015)      # 70 ms, one target pass 15 ms
 
 def run(policy, link: Link, draft: Draft, rounds: int, rng: random.Random, *, price=0.0,
         floor: float | None = None, remaining: int = 10_000,
-        position_cost: float | None = None):
-    """tests/test_control.py's loop with the verifier's price (a number, or price(round)) and the
-    request's speed floor in each view; returns the log of (plan, record)."""
+        position_cost: float | None = None, token_ms=(None, None)):
+    """tests/test_control.py's loop with the verifier's price (a number, or price(round)), the
+    request's speed floor and what the verifier measured a token costs it per mode (token_ms)
+    in each view; returns the log of (plan, record)."""
     log, history, generated = [], [], 0
     for i in range(rounds):
         view = RoundView(round=len(history), generated=generated, remaining=remaining,
                          max_k=32, link_state="up", sampling=False, history=history,
                          max_q_entries=16, price=price(i) if callable(price) else price,
-                         min_tokens_per_s=floor, position_cost=position_cost)
+                         min_tokens_per_s=floor, position_cost=position_cost,
+                         token_ms=token_ms)
         plan = policy.plan(view)
         if plan.cloud_generate:
             n = plan.cloud_generate

@@ -3,8 +3,13 @@ adaptive controller answering it (edge/control/pricing.py), through a 5 ms chann
 Greedy output is the target's token for token, where the price makes the controller speculate
 (a floor every option meets) and where the floor keeps it on cloud runs (a device too slow to
 draft at the floor); sampled output follows the target's law (chi-square on the first three
-tokens, as tests/test_e2e_pipelined.py) where it speculates."""
+tokens, as tests/test_e2e_pipelined.py) where it speculates. With the measured-cost pricing
+forced on (the view says what the verifier measured a committed token costs it per mode,
+edge/control/pricing.py), the same: greedy where speculation reads dearer (the cloud generates)
+or cheaper (it speculates), sampled where it reads cheaper."""
 from __future__ import annotations
+
+import dataclasses
 
 import httpx
 import numpy as np
@@ -33,14 +38,18 @@ SAMPLES = 240
 
 
 class Seen(AdaptivePolicy):
-    """The adaptive controller, keeping the prices its views carried."""
+    """The adaptive controller, keeping the prices its views carried; token_ms: the measured
+    costs per committed token (speculate, cloud) every view says, forced."""
 
-    def __init__(self, config: ClientConfig) -> None:
+    def __init__(self, config: ClientConfig, token_ms=None) -> None:
         super().__init__(config)
         self.prices: list[float] = []
+        self.token_ms = token_ms
 
     def plan(self, view: RoundView) -> Plan:
         self.prices.append(view.price)
+        if self.token_ms is not None:
+            view = dataclasses.replace(view, token_ms=self.token_ms)
         return super().plan(view)
 
 
@@ -49,7 +58,10 @@ class Seen(AdaptivePolicy):
 CASES = {
     "priced-speculates": dict(min_tokens_per_s=0.0),
     "floor-keeps-cloud": dict(device=DeviceProfile(max_draft_tokens_per_s=5)),
+    "measured-dearer": dict(min_tokens_per_s=0.0),
+    "measured-cheaper": dict(min_tokens_per_s=0.0),
 }
+FORCED = {"measured-dearer": (2.0, 1.0), "measured-cheaper": (0.5, 1.0)}  # ms a token
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +91,7 @@ def draft(draft_dir, gguf_path, onnx_path):
 def _client(port: int, draft, case: str) -> tuple[EdgeClient, Seen]:
     config = ClientConfig(policy="adaptive", draft_ahead=True, send_ahead=2, max_q_entries=16,
                           **CASES[case])
-    policy = Seen(config)
+    policy = Seen(config, FORCED.get(case))
     return EdgeClient(channel_to(port), draft, config, policy=policy), policy
 
 
@@ -98,7 +110,7 @@ def test_greedy_output_is_the_targets_at_price_one(case, dear_link, draft, promp
         assert all(result.verified) and result.finish_reason == "length"
         modes |= _modes(result)
     assert policy.prices and set(policy.prices) == {1.0}
-    if case == "priced-speculates":
+    if case in ("priced-speculates", "measured-cheaper"):
         assert "cloud" not in modes and "verify" in modes
     else:
         assert "cloud" in modes
@@ -128,11 +140,12 @@ def _spread_prompt(model, prompts, params) -> tuple[list[int], dict]:
     raise AssertionError("no held-out prompt with a spread-out 3-token law")
 
 
-def test_sampled_output_follows_the_targets_law_at_price_one(dear_link, draft, prompt_ids,
+@pytest.mark.parametrize("case", ["priced-speculates", "measured-cheaper"])
+def test_sampled_output_follows_the_targets_law_at_price_one(case, dear_link, draft, prompt_ids,
                                                              reference):
-    """The priced branch speculating (~25 s: 240 sampled generations; its cloud runs are the
-    executor tests/test_e2e_pipelined.py checks at price 0, whoever chooses them)."""
-    case = "priced-speculates"
+    """The priced branch speculating, by the position-cost model and by measured costs (~25 s
+    each: 240 sampled generations; its cloud runs are the executor tests/test_e2e_pipelined.py
+    checks at price 0, whoever chooses them)."""
     params = SamplingParams(temperature=1.0, top_k=3, seed=0)
     ids, law = _spread_prompt(reference.model, prompt_ids[100:130], params)
     client, policy = _client(dear_link, draft, case)

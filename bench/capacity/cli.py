@@ -103,8 +103,8 @@ def _channel_path(name: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from bench.matrix.config import BenchConfig, load_device
-    from bench.capacity.report import (capacities, capacity_table, rows_table, summary_table, write_json,
-                                       write_plots)
+    from bench.capacity.report import (capacities, capacity_table, cost_table, rows_table,
+                                       summary_table, write_json, write_plots)
     from bench.capacity.sweep import run_capacity
     from bench.channel import load_profile
     from tandem.config import load_config, resolve_path
@@ -165,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
     print(capacity_table(caps, slos))
     print()
     print(summary_table(rows, caps, options.slo_tpot_s))
+    print()
+    print("What a committed token cost the verifier: its CPU, and its passes as it measured them")
+    print(cost_table(rows))
     meta = {"slo": {"ttft_s": options.slo_ttft_s, "tpot_s": list(slos), "good_share": 0.9},
             "options": {f.name: _plain(getattr(options, f.name)) for f in fields(options)},
             "replay_misses": misses, "wall_s": time.monotonic() - started}

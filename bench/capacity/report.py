@@ -161,6 +161,27 @@ def summary_table(rows: Sequence[PointRow], caps: Sequence[Capacity], slo_tpot_s
     return "\n".join(lines)
 
 
+def cost_table(rows: Sequence[PointRow], baseline: str = "cloud-only") -> str:
+    """Per point: what a committed token cost the verifier, as its CPU counter says (the whole
+    process) and as it measured its passes per mode (cloud/token_cost.py), and the CPU per
+    token against the baseline's at the same N in the same cell."""
+    lines = ["| channel/device | config | N | verifier CPU ms/tok | / " + baseline + " | pass ms/tok "
+             "(both modes) | speculate ms/tok | cloud ms/tok | speculated share |",
+             "|" + "---|" * 9]
+    base = {(r.channel, r.device, r.users): r.verifier_cpu_s_per_token
+            for r in rows if r.config == baseline}
+    for r in rows:
+        if r.verifier_cpu_s_per_token is None:
+            continue  # vLLM alone: no verifier readings
+        other = base.get((r.channel, r.device, r.users))
+        ratio = r.verifier_cpu_s_per_token / other if other else None
+        lines.append(f"| {r.channel}/{r.device} | {r.config} | {r.users} | "
+                     f"{_f(_ms(r.verifier_cpu_s_per_token))} | {_f(ratio)} | "
+                     f"{_f(r.pass_token_ms)} | {_f(r.speculate_token_ms)} | "
+                     f"{_f(r.cloud_token_ms)} | {_f(r.speculated_share)} |")
+    return "\n".join(lines)
+
+
 def rows_from_samples(path: Path, slo_ttft_s: float, tpot_slos: Sequence[float]) -> list[PointRow]:
     """Rows rebuilt from a --samples file (a run that stopped keeps its requests): the server's
     readings (passes, CPU) are not in it, and the window is the span of the requests' starts."""
@@ -205,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     caps = capacities(rows, slos)
     print(rows_table(rows), "\n")
     print(capacity_table(caps, slos), "\n")
-    print(summary_table(rows, caps, slos[0]))
+    print(summary_table(rows, caps, slos[0]), "\n")
+    print(cost_table(rows))
     return 0
 
 

@@ -74,6 +74,15 @@ def server_core_split(cores: Sequence[int]) -> tuple[set[int], set[int]]:
     return set(cores), rest or set(cores)
 
 
+@dataclass(frozen=True)
+class TokenTotals:
+    """What the verifier charged its committed tokens per mode since it started (Info.batches)."""
+    speculate_ms: float
+    speculate_tokens: int
+    cloud_ms: float
+    cloud_tokens: int
+
+
 @dataclass
 class ServerProcess:
     """A started server: its address (host:port), pid and log."""
@@ -110,6 +119,15 @@ class ServerProcess:
         info = self.info()
         return None if info is None else int(info.batches.passes)
 
+    def token_totals(self) -> TokenTotals | None:
+        """Pass ms charged to committed tokens and those tokens, per mode, since start
+        (Info.batches, cloud/token_cost.py); None for vLLM."""
+        info = self.info()
+        if info is None:
+            return None
+        b = info.batches
+        return TokenTotals(b.speculate_ms, b.speculate_tokens, b.cloud_ms, b.cloud_tokens)
+
     def close(self) -> None:
         self._stack.close()
 
@@ -134,6 +152,12 @@ class ServerGroup:
     def batched_passes(self) -> int | None:
         readings = [s.batched_passes() for s in self.servers]
         return None if any(r is None for r in readings) else sum(readings)
+
+    def token_totals(self) -> TokenTotals | None:
+        readings = [s.token_totals() for s in self.servers]
+        if not readings or any(r is None for r in readings):
+            return None
+        return TokenTotals(*(sum(values) for values in zip(*readings)))
 
     def prices(self) -> tuple[float, float | None] | None:
         """(the price, the position cost) the verifiers say now, means over them (position

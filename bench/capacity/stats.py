@@ -27,6 +27,28 @@ CONTENDED_CPU_SHARE = 0.15    # other processes took this share of the machine: 
 RESAMPLES = 1000
 
 
+@dataclass(frozen=True)
+class TokenCostReading:
+    """What the verifier measured a committed token cost its passes in the window, ms: in
+    speculative rounds, in cloud runs, and both together (cloud/token_cost.py: each pass's
+    time shared among its sessions; prompts in neither). None where no token of it."""
+    speculate: float | None = None
+    cloud: float | None = None
+    both: float | None = None
+    speculate_share: float | None = None  # of its tokens, committed by speculative rounds
+
+    @classmethod
+    def between(cls, a, b) -> TokenCostReading:
+        """From two readings of the verifiers' totals (bench.capacity.servers.TokenTotals)."""
+        if a is None or b is None:
+            return cls()
+        spec_ms, spec_n = b.speculate_ms - a.speculate_ms, b.speculate_tokens - a.speculate_tokens
+        cloud_ms, cloud_n = b.cloud_ms - a.cloud_ms, b.cloud_tokens - a.cloud_tokens
+        n = spec_n + cloud_n
+        return cls(spec_ms / spec_n if spec_n else None, cloud_ms / cloud_n if cloud_n else None,
+                   (spec_ms + cloud_ms) / n if n else None, spec_n / n if n else None)
+
+
 @dataclass
 class ServerReading:
     """What the server did during the window (None where it cannot be read)."""
@@ -39,6 +61,7 @@ class ServerReading:
     other_cpu_s: float | None = None    # every other process on the machine (it shares the cores)
     price: float | None = None          # the verifiers' price through the window, mean (Info)
     position_cost: float | None = None  # what they said a drafted position costs, mean
+    token_ms: TokenCostReading = TokenCostReading()  # what they charged a committed token, per mode
 
 
 @dataclass
@@ -80,6 +103,11 @@ class PointRow:
     first_errors: list[str] = field(default_factory=list)
     price: float | None = None          # the verifiers' price through the window (0..1)
     position_cost: float | None = None  # what a drafted position cost them, in 1-token steps
+    # what the verifier measured a committed token cost its passes, ms (TokenCostReading)
+    speculate_token_ms: float | None = None
+    cloud_token_ms: float | None = None
+    pass_token_ms: float | None = None   # both modes together: beside verifier CPU per token
+    speculated_share: float | None = None  # of the verifier's tokens, committed by rounds
 
 
 def tpot_of(sample: Sample) -> float | None:
@@ -159,7 +187,9 @@ def summarize(channel: str, device: str, config: str, users: int, samples: Seque
         other_cpu_share=other_share,
         contended=other_share is not None and other_share >= CONTENDED_CPU_SHARE,
         first_errors=[s.error for s in samples if s.error][:3],
-        price=reading.price, position_cost=reading.position_cost)
+        price=reading.price, position_cost=reading.position_cost,
+        speculate_token_ms=reading.token_ms.speculate, cloud_token_ms=reading.token_ms.cloud,
+        pass_token_ms=reading.token_ms.both, speculated_share=reading.token_ms.speculate_share)
 
 
 @dataclass

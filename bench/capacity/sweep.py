@@ -29,7 +29,8 @@ from bench.capacity.options import CLOUD_SETS, POLICY_OF, VLLM, CapacityOptions
 from bench.capacity.replay import ReplayDraft, ReplayTable
 from bench.capacity.servers import (ServerGroup, cpu_seconds, machine_busy_seconds, pin_self,
                                     server_core_split, start_verifier, start_vllm)
-from bench.capacity.stats import PointRow, ServerReading, clearly_misses, summarize
+from bench.capacity.stats import (PointRow, ServerReading, TokenCostReading, clearly_misses,
+                                  summarize)
 from bench.capacity.users import Sample, Window, run_openai_user, run_tandem_user
 from bench.channel import ChannelProfile
 from bench.workload import load_prompts
@@ -155,7 +156,7 @@ def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, prof
     def read(label: str, at: float) -> None:
         if not stop.wait(max(0.0, at - time.monotonic())):
             readings[label] = (time.monotonic(), server.batched_passes(), server.cpu_seconds(),
-                               cpu_seconds_self(), machine_busy_seconds())
+                               cpu_seconds_self(), machine_busy_seconds(), server.token_totals())
 
     edge: EdgeConfig = edge_config_of(bench)
     with LinkFarm() as farm:
@@ -235,8 +236,8 @@ def _reading(readings: dict[str, tuple], tokens: int, window_s: float, driver_co
     if "from" not in readings or "until" not in readings:
         return ServerReading(window_s=window_s, window_tokens=tokens, driver_cores=driver_cores,
                              **said)
-    (t_a, passes_a, cpu_a, self_a, all_a), (t_b, passes_b, cpu_b, self_b, all_b) = \
-        readings["from"], readings["until"]
+    (t_a, passes_a, cpu_a, self_a, all_a, tokens_a), \
+        (t_b, passes_b, cpu_b, self_b, all_b, tokens_b) = readings["from"], readings["until"]
 
     def delta(a, b):
         return b - a if a is not None and b is not None else None
@@ -246,7 +247,7 @@ def _reading(readings: dict[str, tuple], tokens: int, window_s: float, driver_co
                          batched_passes=delta(passes_a, passes_b), verifier_cpu_s=verifier,
                          driver_cpu_s=driver, driver_cores=driver_cores,
                          other_cpu_s=max(0.0, all_b - all_a - (verifier or 0.0) - (driver or 0.0)),
-                         **said)
+                         token_ms=TokenCostReading.between(tokens_a, tokens_b), **said)
 
 
 def user_counts(options: CapacityOptions) -> list[int]:

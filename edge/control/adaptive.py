@@ -55,7 +55,9 @@ acceptance. A new prompt is measured at once, with NEW_TEXT_BLOCKS blocks, and k
 NEW_TEXT_KEEP of the acceptance evidence of the prompts before it: prompts differ more than
 rounds of one prompt do. One rejected first block (0.7 -> 0.45 at position 0) must not make
 speculation look too slow ever to be measured again where the prior says it may win (measured
-on wifi/laptop before: stuck on cloud runs at 0.78x fixed k = 16).
+on wifi/laptop before: stuck on cloud runs at 0.78x fixed k = 16). Under a price with speculation
+measured dearer than cloud runs by the verifier (edge/control/pricing.py) only a new prompt's
+blocks are tried: those keep the session's own figure of speculation current.
 
 Confidence stop, from the same model: one more draft token at confidence p adds beta(p)
 expected tokens (beta = acceptance vs the draft's top probability, at best — when every earlier
@@ -84,7 +86,7 @@ from edge.control.options import (Option, adapt_q_entries, best_speculation, clo
                                   speculations, within_budget, worth_measuring)
 from edge.control.pass_cap import PassCap
 from edge.control.policy import DraftPolicy, Plan, RoundView, register_policy
-from edge.control.pricing import PriceResponse
+from edge.control.pricing import PriceResponse, measured_dearer
 from edge.record import RoundRecord
 
 if TYPE_CHECKING:
@@ -180,8 +182,8 @@ class AdaptivePolicy(DraftPolicy):
         new_text = self.generation_blocks < NEW_TEXT_BLOCKS
         if not worth_measuring(self.costs, spec, specs, cloud.rate, new_text):
             return spec, self.cloud_option(view, settled=view.price == 0)  # options.py says why
-        if new_text or self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS:
-            # measure speculation: at once on a new prompt's text, else now and then
+        # measure speculation: at once on a new prompt's text, else now and then (see the top)
+        if new_text or self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS and not measured_dearer(view):
             return drafting_block(spec, specs, score), None
         return spec, cloud
 

@@ -30,6 +30,10 @@ from edge.record import RoundRecord
 if TYPE_CHECKING:
     from edge.config import ClientConfig
 
+# What a committed token costs the verifier's passes, ms: (speculative rounds, cloud runs), as
+# it measured them (Verdict.speculate_token_ms, cloud_token_ms); None where it has not.
+TokenMs = tuple[float | None, float | None]
+
 
 @dataclass(frozen=True)
 class RoundView:
@@ -51,6 +55,7 @@ class RoundView:
                                     # one that does not price its passes: cloud/price.py)
     position_cost: float | None = None  # what a drafted position costs the verifier in 1-token
                                         # steps, as it measured (Opened); None: not said
+    token_ms: TokenMs = (None, None)  # what a committed token costs it per mode, as measured
     min_tokens_per_s: float | None = None  # the request's speed floor; None = the client's
 
 

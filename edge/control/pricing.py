@@ -25,6 +25,19 @@ price the verifier's: a user is never made slower than F to save passes, and bel
 decides). The speed a cloud run is expected at is also held to the verifier's measured time per
 pass: a pace measured while the verifier idled would flatter the cloud once it is loaded.
 
+Speculate or cloud run, measured: the position cost prices a round by what its extra
+positions add to a pass, which is right for choosing k but blind to how many sessions share
+the pass: a phone's rounds, drafted at 40 tok/s behind a 60-70 ms round trip, arrive spread
+out and pay a larger share of each pass's fixed cost than cloud-run steps that arrive together
+(lte/phone at 64 users: 1.45 ms a token speculating against 1.15 for cloud runs; wifi/laptop
+0.88 against 1.04). So once the verifier has measured what a committed token costs it in each
+mode (RoundView.token_ms: Verdict.speculate_token_ms and cloud_token_ms, the session's own
+where it has them, the verifier's where not; cloud/token_cost.py), the choice between the two
+weighs a cloud run at cost 1 and any speculation at their ratio r = speculate / cloud, and
+speculation is taken only where r < 1 (cheaper) or where no cloud run keeps to the floor. The
+block length is still chosen by the position cost (the measured figures are of the blocks
+drafted so far, not of each k). Until both figures are said the position cost decides both.
+
 Many users read the same price; so that they do not all flip at once, each controller scales the
 exponent of its speculate-or-cloud decision by its own jitter drawn once in [1 - PRICE_JITTER,
 1 + PRICE_JITTER] (identical users then switch at different prices, and the load moves
@@ -41,7 +54,7 @@ from collections.abc import Callable
 
 from edge.control.costs import RoundCosts
 from edge.control.options import Option, best_speculation
-from edge.control.policy import RoundView
+from edge.control.policy import RoundView, TokenMs
 
 PRICE_WEIGHT = 8.0    # the exponent at price 1: a 10% cheaper option wins unless the other is
                       # more than 1.1^8 = 2.1x faster, speculation at half a cloud run's cost
@@ -58,6 +71,7 @@ PRICE_JITTER = 0.3    # each controller's exponent is scaled by a draw in 1 -/+ 
 STAY_BONUS = 1.1      # the kind of round running now wins ties within this factor
 
 Score = Callable[[Option], float]
+Cost = Callable[[Option], float]  # the verifier's work per committed token, in cloud tokens
 
 
 class PriceResponse:
@@ -76,7 +90,7 @@ class PriceResponse:
         Before the link is measured: speculation, which measures it at no pass per token.
         running: the kind of round the controller runs now (it keeps the STAY_BONUS)."""
         position_cost = POSITION_COST if view.position_cost is None else view.position_cost
-        score = priced(base, view.price, 1.0, position_cost)
+        score = priced(base, view.price, 1.0, modelled(position_cost))
         if not costs.channel.measured:
             return best_speculation(specs, score), None, score
         cloud = paced_by_verifier(costs, cloud) if cloud is not None else None
@@ -84,10 +98,15 @@ class PriceResponse:
             else view.min_tokens_per_s
         options = specs + ([cloud] if cloud is not None else [])
         pool = meeting_floor(options, floor)
-        switch = priced(base, view.price, self.jitter, position_cost)
+        ratio = measured_ratio(view.token_ms)
+        switch = priced(base, view.price, self.jitter,
+                        modelled(position_cost) if ratio is None else measured(ratio))
+        dearer = ratio is not None and ratio >= 1.0 and cloud in pool  # cloud keeps the floor
         if not pool:  # below the floor speed decides (the fastest, as at price 0)
             pool, score, switch = options, base, base
         spec = best_speculation([o for o in pool if o.kind == "speculate"] or specs, score)
+        if dearer:  # speculation measured dearer per token, and the cloud keeps to the floor
+            return spec, cloud, score
         ranked = staying(switch, running)
         if cloud is None or cloud not in pool or (spec in pool and ranked(cloud) <= ranked(spec)):
             return spec, None, score
@@ -101,13 +120,38 @@ def pass_cost(option: Option, position_cost: float = POSITION_COST) -> float:
     return option.passes * (1.0 + position_cost * option.k) / max(option.tokens, 1e-9)
 
 
+def measured_dearer(view: RoundView) -> bool:
+    """Under a price, the verifier measures a speculated token dearer than a cloud-run one."""
+    ratio = measured_ratio(view.token_ms)
+    return view.price > 0 and ratio is not None and ratio >= 1.0
+
+
+def modelled(position_cost: float = POSITION_COST) -> Cost:
+    """An option's cost by the position-cost model (pass_cost)."""
+    return lambda option: pass_cost(option, position_cost)
+
+
+def measured_ratio(token_ms: TokenMs) -> float | None:
+    """What a speculated token costs the verifier over a cloud-run token, as measured; None
+    until both are."""
+    speculate, cloud = token_ms
+    return None if speculate is None or cloud is None else speculate / cloud
+
+
+def measured(ratio: float) -> Cost:
+    """An option's cost, in cloud-run tokens, by the verifier's measured figures."""
+    return lambda option: 1.0 if option.kind == "cloud" else ratio
+
+
 def priced(base: Score, price: float, jitter: float = 1.0,
-           position_cost: float = POSITION_COST) -> Score:
-    """base (tokens/s, or the cap's score) discounted by the option's cost at the price."""
+           cost: Cost | None = None) -> Score:
+    """base (tokens/s, or the cap's score) discounted by the option's cost (default: the
+    position-cost model at POSITION_COST) at the price."""
     exponent = PRICE_WEIGHT * price * jitter
+    cost = cost or modelled()
 
     def score(option: Option) -> float:
-        value, discount = base(option), pass_cost(option, position_cost) ** exponent
+        value, discount = base(option), cost(option) ** exponent
         return value / discount if value > 0 else value * discount
 
     return score

@@ -34,6 +34,7 @@ from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
+    from edge.control.policy import TokenMs
     from edge.drafting import Block
 
 
@@ -110,6 +111,9 @@ class VerifierLink:
         # What a drafted position costs that verifier (Opened.position_cost); None: not
         # measured there, or not said (the controller's own estimate then).
         self.position_cost: float | None = None
+        # What a committed token costs that verifier per mode, ms (speculate, cloud), as its
+        # last reply said (the session's own figure where it has one); None: not measured.
+        self.token_ms: TokenMs = (None, None)
         self.wire_round = 0          # Draft.round of the last block sent
         self.totals = LinkTotals()
 
@@ -152,6 +156,7 @@ class VerifierLink:
         self.price = read_price(opened.price) if opened.priced else 0.0
         self.position_cost = read_price(opened.position_cost) \
             if opened.priced and opened.HasField("position_cost") else None
+        self.token_ms = read_token_ms(opened) if opened.priced else (None, None)
         # The Open's round trip and the server's share of it (the offline policy's first RTT).
         self.open_rtt_s = time.monotonic() - t_open
         self.prefill_s = opened.prefill_ms / 1000.0
@@ -204,6 +209,7 @@ class VerifierLink:
         reply = self._recv(self.stream, late_s)
         verdict = read_verdict(reply, sent, self.limits, allow_discarded)
         self.price = read_price(verdict.price)
+        self.token_ms = read_token_ms(verdict)
         if not verdict.discarded:
             self.server_context = sent.start + verdict.accepted + 1
         return verdict, reply.ByteSize()
@@ -227,6 +233,7 @@ class VerifierLink:
         reply = self._recv(self.stream, late_s)
         generated = read_generated(reply, sent, self.limits)
         self.price = read_price(generated.price)
+        self.token_ms = read_token_ms(generated)
         self.server_context = generated.context_length
         return generated, reply.ByteSize()
 
@@ -290,6 +297,16 @@ def read_generated(reply: pb.ServerMessage, sent: Sent,
 def read_price(price: float) -> float:
     """A reply's price held to 0..1 (NaN: 0), whatever the verifier sent."""
     return min(max(price, 0.0), 1.0) if math.isfinite(price) else 0.0
+
+
+def read_token_ms(reply: pb.Opened | pb.Verdict | pb.Generated) -> TokenMs:
+    """(speculate, cloud) ms per committed token as a reply said them; None where absent or
+    not a positive finite figure."""
+    def one(name: str) -> float | None:
+        value = getattr(reply, name) if reply.HasField(name) else None
+        return value if value is not None and math.isfinite(value) and value > 0 else None
+
+    return one("speculate_token_ms"), one("cloud_token_ms")
 
 
 def check_verdict(verdict: pb.Verdict, round_: int, start: int, k: int,

@@ -1,0 +1,111 @@
+"""What a committed token costs the verifier, per mode: speculative rounds and cloud runs
+(the proto's Verdict.speculate_token_ms / cloud_token_ms; a priced edge chooses between the two
+modes by them: edge/control/pricing.py).
+
+Each pass's time (forward pass and acceptance test) is shared among the jobs in it, by the
+same split that prices a position (cloud/pass_cost.py): with S jobs, P positions fed, T ms and
+c the runtime's measured cost of one more position,
+
+    share_i = (T - c * (P - S)) / S + c * (p_i - 1)
+
+every job pays an equal part of what the pass costs at one position each (the pass's fixed
+cost, each slot's K/V gather, its row) and c for each position beyond its first. The shares add
+up to T. A split by positions alone would charge a 5-position round 5x a 1-token step, though
+on one CPU core a position adds only 0.1-0.25 of one; an equal split would make a round's extra
+positions free. Without c (vLLM) the split is equal.
+
+A mode's cost per committed token is the sum of its jobs' shares over the tokens they
+committed (a round: its accepted prefix, the bonus token and any unverified tokens it carried;
+a cloud-run step: 1), kept as moving sums that forget with a half-life in committed tokens:
+verifier-wide (what every edge reads until its session has its own) and per session (its own
+rounds' passes: a phone's rounds that arrive spread out share few passes and pay more of each
+than rounds that arrive together). A mode not run lately keeps its last figure (both sums
+forget only as the mode's own tokens come in). Prompts (prefills) are in neither: both modes
+pay them alike. The totals never forget (benchmarks read them over a window: Info.batches).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cloud.batcher import ForwardResult
+
+SPECULATE, CLOUD = "speculate", "cloud"
+MODES = (SPECULATE, CLOUD)
+VERIFIER_HALF_LIFE_TOKENS = 2000.0  # ~2-4 s of a loaded verifier's tokens (64 users, 10-20
+                                    # tok/s each): follows a change of mix within seconds
+SESSION_HALF_LIFE_TOKENS = 64.0     # a session's last few rounds or runs
+MIN_TOKENS = 16.0                   # committed tokens of a mode before its figure is said
+
+
+def job_share_ms(result: ForwardResult, positions: int, position_ms: float | None) -> float:
+    """One job's share of its pass (see the top): `positions` it fed, of result.positions."""
+    sessions = max(result.batch_size, 1)
+    total = result.forward_ms + result.verify_ms
+    if position_ms is None or result.positions < sessions:  # not counted (vLLM): equal split
+        return total / sessions
+    step = (total - position_ms * (result.positions - sessions)) / sessions
+    if step <= 0.0:  # c measured above this pass's cost (noise): split by positions
+        return total * positions / result.positions
+    return step + position_ms * max(positions - 1, 0)
+
+
+@dataclass
+class ModeFigure:
+    """A mode's moving sums (forgotten) and totals (kept)."""
+    ms: float = 0.0
+    tokens: float = 0.0
+    total_ms: float = 0.0
+    total_tokens: int = 0
+
+    def per_token(self) -> float | None:
+        return self.ms / self.tokens if self.tokens >= MIN_TOKENS else None
+
+
+class TokenCosts:
+    """Shares of passes and committed tokens in, ms per committed token per mode out;
+    thread-safe."""
+
+    def __init__(self, half_life_tokens: float = VERIFIER_HALF_LIFE_TOKENS) -> None:
+        self._keep = 0.5 ** (1.0 / half_life_tokens)
+        self._lock = threading.Lock()
+        self.modes = {mode: ModeFigure() for mode in MODES}
+
+    def observe(self, mode: str, share_ms: float, tokens: int) -> None:
+        """A job of `mode` that cost share_ms of its pass and committed `tokens`."""
+        if tokens < 0 or not share_ms >= 0.0:
+            return
+        keep = self._keep ** tokens
+        with self._lock:
+            figure = self.modes[mode]
+            figure.ms = keep * figure.ms + share_ms
+            figure.tokens = keep * figure.tokens + tokens
+            figure.total_ms += share_ms
+            figure.total_tokens += tokens
+
+    def per_token_ms(self, mode: str) -> float | None:
+        """ms of passes per committed token in `mode`, lately; None before MIN_TOKENS."""
+        with self._lock:
+            return self.modes[mode].per_token()
+
+    def totals(self, mode: str) -> tuple[float, int]:
+        """(ms, tokens) of `mode` since start."""
+        with self._lock:
+            figure = self.modes[mode]
+            return figure.total_ms, figure.total_tokens
+
+
+FIELDS = {SPECULATE: "speculate_token_ms", CLOUD: "cloud_token_ms"}  # the proto's names
+
+
+def said(*sources: TokenCosts) -> dict[str, float]:
+    """The proto fields to send: per mode the first source's figure that is measured (a
+    session's own, then the verifier's); a mode none has measured is left out (absent)."""
+    fields = {}
+    for mode, name in FIELDS.items():
+        value = next((v for v in (s.per_token_ms(mode) for s in sources) if v is not None), None)
+        if value is not None:
+            fields[name] = value
+    return fields
