@@ -6,12 +6,21 @@ tokens. Decoding a prefix that ends inside a character yields U+FFFD at the end;
 text back until the character completes. Decoding restarts from a recent offset, not from the
 start, so the cost per step stays small (the same scheme as vLLM's `detokenize_incrementally`).
 
-Invariant (tested): the concatenation of every `push` result and `flush()` equals
-`decode(all_ids)`.
+SentencePiece-style tokenizers with byte fallback (Llama-2, Mistral, Gemma) spell a character
+the vocabulary lacks as "<0xNN>" tokens, and their decoder (ByteFallback) turns each run of
+consecutive byte tokens into text as a whole: one invalid byte makes every byte of its run
+U+FFFD, so text already decoded from a run ("H", or a whole "中") can change when the run grows.
+For them text is released only once the ids end with a token that closes the run (any other
+token), and the `tokenizers` decode stream, which raises on such a change ("Invalid prefix
+encountered"), is not used.
+
+Invariant (tested, for both kinds): the concatenation of every `push` result and `flush()`
+equals `decode(all_ids)`, and each release extends what was released before.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Container, Sequence
 
 _REPLACEMENT = "\ufffd"
 
@@ -19,10 +28,13 @@ Decode = Callable[[list[int]], str]
 
 
 class IncrementalDetokenizer:
-    """`decode` turns a list of ids into text (e.g. edge.tokenizer.EdgeTokenizer.decode)."""
+    """`decode` turns a list of ids into text (e.g. edge.tokenizer.EdgeTokenizer.decode);
+    `open_ids`: ids after which the text before them may still change (byte-fallback tokens),
+    so nothing is released while the ids end with one."""
 
-    def __init__(self, decode: Decode) -> None:
+    def __init__(self, decode: Decode, open_ids: Container[int] = frozenset()) -> None:
         self._decode_fn = decode
+        self._open_ids = open_ids
         self._ids: list[int] = []
         self._prefix_offset = 0  # decoding starts here (already-emitted context for merging)
         self._read_offset = 0    # text of ids before this point has been emitted
@@ -33,6 +45,8 @@ class IncrementalDetokenizer:
     def push(self, ids: Sequence[int]) -> str:
         """Add ids; return the text that became complete (possibly "")."""
         self._ids.extend(int(i) for i in ids)
+        if not self._ids or self._ids[-1] in self._open_ids:
+            return ""
         prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
         new_text = self._decode(self._ids[self._prefix_offset:])
         if len(new_text) > len(prefix_text) and not new_text.endswith(_REPLACEMENT):
@@ -85,10 +99,26 @@ class NativeDetokenizer:
         return rest
 
 
+def byte_fallback_ids(native) -> frozenset[int]:
+    """The "<0xNN>" ids of a `tokenizers.Tokenizer` whose decoder has ByteFallback, else none.
+    Cheap on every kind (runs per generation): the decoder's own JSON, 256 look-ups."""
+    def types(node) -> set[str]:
+        return {node.get("type", ""), *(t for d in node.get("decoders") or () for t in types(d))}
+
+    if native.decoder is None or "ByteFallback" not in types(json.loads(native.decoder.__getstate__())):
+        return frozenset()
+    ids = (native.token_to_id(f"<0x{byte:02X}>") for byte in range(256))
+    return frozenset(i for i in ids if i is not None)
+
+
 def make_detokenizer(tokenizer) -> IncrementalDetokenizer | NativeDetokenizer:
     """The native decode stream when the tokenizer exposes a `tokenizers.Tokenizer` (the edge's
-    EdgeTokenizer does), else the hand-written one over its `decode`."""
+    EdgeTokenizer does) of the byte-level kind, else the hand-written one over its `decode`
+    (holding text back behind byte-fallback tokens, see the module's docstring)."""
     native = getattr(tokenizer, "hf_tokenizer", None)
-    if native is not None:
-        return NativeDetokenizer(native, tokenizer.decode)
-    return IncrementalDetokenizer(tokenizer.decode)
+    if native is None:
+        return IncrementalDetokenizer(tokenizer.decode)
+    open_ids = byte_fallback_ids(native)
+    if open_ids:
+        return IncrementalDetokenizer(tokenizer.decode, open_ids)
+    return NativeDetokenizer(native, tokenizer.decode)

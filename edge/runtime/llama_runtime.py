@@ -13,7 +13,7 @@ import llama_cpp
 import torch
 
 from edge.runtime.base import DraftRuntime
-from tandem.fingerprint import vocab_fingerprint
+from tandem.fingerprint import BYTE_LEVEL, SENTENCEPIECE, vocab_fingerprint
 
 SEQ_ID = 0  # the one sequence this runtime's context holds
 MAX_BATCH = 512
@@ -33,7 +33,7 @@ class LlamaDraftRuntime(DraftRuntime):
         # wrapper sizes its scores/input_ids buffers by the n_ctx we asked for.
         self.n_ctx = n_ctx
         assert self.llm.n_ctx() >= n_ctx
-        self._fingerprint = vocab_fingerprint(gguf_vocab(self.llm))
+        self._fingerprint = vocab_fingerprint(gguf_vocab(self.llm), gguf_tokenizer_kind(self.llm))
 
     @property
     def position(self) -> int:
@@ -77,3 +77,12 @@ def gguf_vocab(llm: llama_cpp.Llama) -> dict[str, int]:
             continue
         tokens[llama_cpp.llama_vocab_get_text(vocab, idx).decode("utf-8", "surrogateescape")] = idx
     return tokens
+
+
+def gguf_tokenizer_kind(llm: llama_cpp.Llama) -> str:
+    """The tokenizer kind (tandem.fingerprint) of the GGUF's vocabulary type: llama.cpp's BPE is
+    byte-level, its SPM ("llama") and UGM ("t5") vocabularies are SentencePiece's."""
+    vocab_type = llama_cpp.llama_vocab_type(llama_cpp.llama_model_get_vocab(llm.model))
+    kinds = {llama_cpp.LLAMA_VOCAB_TYPE_BPE: BYTE_LEVEL, llama_cpp.LLAMA_VOCAB_TYPE_SPM: SENTENCEPIECE,
+             llama_cpp.LLAMA_VOCAB_TYPE_UGM: SENTENCEPIECE, llama_cpp.LLAMA_VOCAB_TYPE_WPM: "wordpiece"}
+    return kinds.get(vocab_type, f"llama.cpp-vocab-{vocab_type}")

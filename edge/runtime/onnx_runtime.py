@@ -13,8 +13,7 @@ import onnxruntime as ort
 import torch
 
 from edge.runtime.base import DraftRuntime
-from edge.runtime.vocab import check_vocab_fits, tokenizer_json_vocab
-from tandem.fingerprint import vocab_fingerprint
+from edge.runtime.vocab import check_vocab_fits, tokenizer_json_fingerprint, tokenizer_json_vocab
 
 SEQ_AXIS = 2
 
@@ -46,9 +45,10 @@ class OnnxDraftRuntime(DraftRuntime):
         self.vocab_size = int(logits_shape[-1])
         self.n_ctx = n_ctx
 
-        vocab = tokenizer_json_vocab(Path(tokenizer_dir) if tokenizer_dir else model_path.parent)
+        tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else model_path.parent
+        vocab = tokenizer_json_vocab(tokenizer_dir)
         check_vocab_fits(vocab, self.vocab_size, str(model_path))
-        self._fingerprint = vocab_fingerprint(vocab)
+        self._fingerprint = tokenizer_json_fingerprint(tokenizer_dir)
         self._past = [self._empty_past] * len(self._past_names)
 
     @property

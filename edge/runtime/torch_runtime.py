@@ -12,8 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from edge.runtime.base import DraftRuntime
-from edge.runtime.vocab import check_vocab_fits, tokenizer_json_vocab
-from tandem.fingerprint import vocab_fingerprint
+from edge.runtime.vocab import check_vocab_fits, tokenizer_json_fingerprint, tokenizer_json_vocab
 
 
 class TorchDraftRuntime(DraftRuntime):
@@ -28,9 +27,10 @@ class TorchDraftRuntime(DraftRuntime):
         self.model = AutoModelForCausalLM.from_pretrained(Path(model_dir), dtype=torch.float32).eval()
         self.vocab_size = self.model.config.vocab_size
         self.n_ctx = n_ctx
-        vocab = tokenizer_json_vocab(Path(tokenizer_dir or model_dir))
+        tokenizer_dir = Path(tokenizer_dir or model_dir)
+        vocab = tokenizer_json_vocab(tokenizer_dir)
         check_vocab_fits(vocab, self.vocab_size, str(model_dir))
-        self._fingerprint = vocab_fingerprint(vocab)
+        self._fingerprint = tokenizer_json_fingerprint(tokenizer_dir)
         self._cache = DynamicCache(config=self.model.config)
         self._position = 0
 

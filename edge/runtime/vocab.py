@@ -5,7 +5,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from tandem.fingerprint import vocab_fingerprint
+from tandem.fingerprint import tokenizer_fingerprint
 
 
 def tokenizer_json_vocab(tokenizer_dir: Path) -> dict[str, int]:
@@ -24,4 +24,5 @@ def check_vocab_fits(vocab: dict[str, int], logits_width: int, where: str) -> No
 
 
 def tokenizer_json_fingerprint(tokenizer_dir: Path) -> str:
-    return vocab_fingerprint(tokenizer_json_vocab(tokenizer_dir))
+    """The vocabulary and the tokenizer's kind (byte-level, sentencepiece, ...) hashed together."""
+    return tokenizer_fingerprint(Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json")))
