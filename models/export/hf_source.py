@@ -1,5 +1,6 @@
-"""What the exporters read from an HF LLaMA directory: the architecture numbers from config.json
-and the byte-level BPE vocabulary from tokenizer.json."""
+"""What the exporters read from an HF directory of a LLaMA-like decoder (llama, mistral, qwen2,
+qwen3: RMSNorm, SwiGLU, rope): the architecture numbers from config.json and the byte-level BPE
+vocabulary from tokenizer.json."""
 from __future__ import annotations
 
 import json
@@ -30,6 +31,7 @@ class LlamaShape:
     bos_token_id: int | None
     eos_token_id: int | None
     pad_token_id: int | None
+    model_type: str = "llama"
 
 
 def _first_id(value) -> int | None:
@@ -39,12 +41,28 @@ def _first_id(value) -> int | None:
     return value
 
 
-def read_llama_shape(hf_dir: Path) -> LlamaShape:
+def _check_full_attention(hf_dir: Path, cfg: dict) -> None:
+    """Every layer attends to the whole context: the exporters write no sliding window."""
+    window = cfg.get("sliding_window")
+    if window is not None and cfg.get("use_sliding_window", True) \
+            and window < cfg["max_position_embeddings"]:
+        raise UnsupportedModel(f"{hf_dir}: sliding_window {window} is shorter than the context; "
+                               "the exported graph attends to every position")
+    windowed = {t for t in cfg.get("layer_types") or () if t != "full_attention"}
+    if windowed:
+        raise UnsupportedModel(f"{hf_dir}: layer_types {sorted(windowed)}: only full attention is exported")
+
+
+def read_llama_shape(hf_dir: Path, model_types: tuple[str, ...] = ("llama",)) -> LlamaShape:
+    """The shape of a LLaMA-like decoder (RMSNorm, SwiGLU, rope) whose config.json model_type is
+    one of model_types; UnsupportedModel, in one line, otherwise."""
     cfg = json.loads((Path(hf_dir) / "config.json").read_text())
-    if cfg.get("model_type") != "llama":
-        raise UnsupportedModel(f"{hf_dir}: model_type {cfg.get('model_type')!r}, expected 'llama'")
+    if cfg.get("model_type") not in model_types:
+        raise UnsupportedModel(f"{hf_dir}: model_type {cfg.get('model_type')!r}, expected one of "
+                               f"{', '.join(model_types)}")
     if cfg.get("hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"{hf_dir}: hidden_act {cfg['hidden_act']!r}, expected 'silu'")
+    _check_full_attention(Path(hf_dir), cfg)
     rope = cfg.get("rope_parameters") or {}
     rope_type = rope.get("rope_type", "default")
     if rope_type != "default":
@@ -68,6 +86,7 @@ def read_llama_shape(hf_dir: Path) -> LlamaShape:
         bos_token_id=_first_id(cfg.get("bos_token_id")),
         eos_token_id=_first_id(cfg.get("eos_token_id")),
         pad_token_id=_first_id(cfg.get("pad_token_id")),
+        model_type=cfg["model_type"],
     )
 
 
