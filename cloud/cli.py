@@ -3,6 +3,7 @@
   tandem-cloud serve --config configs/cloud.yaml [--host H] [--port P] [--model DIR]
                     [--device D] [--dtype T] [--metrics-port P] [--set KEY=VALUE ...]
   tandem-cloud info --cloud HOST:PORT [--api-key KEY] [--tls-ca CERT.pem]
+  tandem-cloud check MODEL_DIR [--device D] [--dtype T] [--serving-path auto|slots|exact] [--json]
 
 Where a setting comes from, highest first: these flags, `--set section.key=VALUE` (any key),
 the environment (`TANDEM_CLOUD_<SECTION>__<KEY>`, e.g. TANDEM_CLOUD_SERVER__PORT=50052), the
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from cloud.config import CloudConfig
 from tandem.cli import add_log_level, add_version, fail
-from tandem.config import ConfigError, load_config, merge, parse_set_options
+from tandem.config import ConfigError, command_line, load_config
 
 log = logging.getLogger("tandem.cloud")
 ENV_PREFIX = "TANDEM_CLOUD_"
@@ -54,7 +55,20 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--tls-ca", type=Path, help="PEM root certificate; TLS when given")
     info.add_argument("--timeout", type=float, default=10.0)
 
+    check = commands.add_parser(
+        "check", help="before serving your own model: which path serves it, an exactness "
+                      "self-test, KV bytes per token; exit 1 when it would not be exact")
+    check.add_argument("model_dir", metavar="MODEL_DIR", help="a local HF causal-LM directory")
+    check.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    check.add_argument("--dtype", default="float32", help="float32, float16, bfloat16")
+    check.add_argument("--serving-path", default="auto", choices=("auto", "slots", "exact"),
+                       help="as model.serving_path: auto, or force one path")
+    check.add_argument("--json", action="store_true", help="the report as JSON")
+
     args = parser.parse_args(argv)
+    if args.command == "check":
+        from cloud.check import run_check
+        return run_check(args)
     return _serve(args) if args.command == "serve" else _info(args)
 
 
@@ -63,8 +77,8 @@ def load_cloud_config(args: argparse.Namespace) -> CloudConfig:
     flags = {"server": {"host": args.host, "port": args.port,
                         "metrics_port": args.metrics_port},
              "model": {"path": args.model, "device": args.device, "dtype": args.dtype}}
-    overrides = merge(parse_set_options(args.set), flags)
-    return load_config(args.config, CloudConfig, overrides, env_prefix=ENV_PREFIX)
+    return load_config(args.config, CloudConfig, command_line(args.set, flags),
+                       env_prefix=ENV_PREFIX)
 
 
 def _serve(args: argparse.Namespace) -> int:

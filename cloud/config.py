@@ -77,6 +77,12 @@ class ModelSettings(Settings):
         "data parallel; needs the vLLM environment: scripts/bootstrap.sh --vllm, see the "
         "`vllm` section)"))
 
+    serving_path: Literal["auto", "slots", "exact"] = Field("auto", description=(
+        "torch backend: how the target's passes run. auto = the batched slot pool when the "
+        "load-time self-test shows it gives the model's own logits, else the exact path (the "
+        "model's own attention, one session per pass, slower); slots = the slot pool or refuse "
+        "to load; exact = always the exact path (`tandem-cloud check DIR` says which)"))
+
     def resolved_path(self) -> Path:
         return resolve_path(self.path)
 

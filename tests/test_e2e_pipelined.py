@@ -10,10 +10,9 @@ from __future__ import annotations
 import contextlib
 
 import grpc
-import numpy as np
 import pytest
 import torch
-from scipy import stats
+from sampling_law import chi_square_pvalue, spread_prompt
 from verifier_harness import channel_to, open_draft, start_verifier
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime, verifier)
@@ -24,7 +23,7 @@ from edge.config import ClientConfig, DeviceProfile
 from edge.control.adaptive import AdaptivePolicy
 from edge.control.policy import DraftPolicy, FixedK, Plan, RoundView
 from edge.record import RoundRecord
-from tandem.sampling import SamplingParams, warp
+from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
@@ -130,30 +129,6 @@ def _greedy_output_is_the_targets(name, verifier, draft, prompt_ids, reference):
         assert "cloud" in modes
 
 
-def _joint_law(model, ids: list[int], params: SamplingParams, n: int) -> dict[tuple, float]:
-    """Exact law of the target's first n sampled tokens (top_k keeps it small)."""
-    law: dict[tuple, float] = {(): 1.0}
-    with torch.no_grad():
-        for _ in range(n):
-            nxt: dict[tuple, float] = {}
-            for prefix, prob in law.items():
-                logits = model(torch.tensor([ids + list(prefix)])).logits[0, -1]
-                p = warp(logits[None].double(), params)[0]
-                for token in torch.nonzero(p > 0).flatten().tolist():
-                    nxt[prefix + (token,)] = prob * float(p[token])
-            law = nxt
-    return law
-
-
-def _spread_prompt(model, prompts, params) -> tuple[list[int], dict]:
-    """The first held-out prompt whose 3-token law is spread over several sequences."""
-    for ids in prompts:
-        law = _joint_law(model, ids, params, 3)
-        if sum(1 for p in law.values() if p * 240 >= 5) >= 4:
-            return ids, law
-    raise AssertionError("no held-out prompt with a spread-out 3-token law")
-
-
 SAMPLED_POLICIES = {
     "send-ahead-2-k1": lambda: FixedK(1, draft_ahead=True, send_ahead=2),
     "switching": Switching,
@@ -165,7 +140,7 @@ SAMPLED_POLICIES = {
 @pytest.mark.parametrize("name", list(SAMPLED_POLICIES))
 def test_sampled_output_follows_the_targets_law(name, verifier, draft, prompt_ids, reference):
     params = SamplingParams(temperature=1.0, top_k=3, seed=0)
-    ids, law = _spread_prompt(reference.model, prompt_ids[100:130], params)
+    ids, law = spread_prompt(reference.model, prompt_ids[100:130], params, 240)
     policy = SAMPLED_POLICIES[name]()
     client = client_with(verifier, draft, policy, max_q_entries=16)
     n = 240
@@ -179,18 +154,8 @@ def test_sampled_output_follows_the_targets_law(name, verifier, draft, prompt_id
         counts[key] = counts.get(key, 0) + 1
         ahead_used += any(r.in_flight > 1 and r.accepted is not None for r in result.rounds_log)
         switched += {"cloud", "verify"} <= {r.mode for r in result.rounds_log}
-    keys = sorted(law, key=law.get, reverse=True)
-    expected = np.array([law[k] * n for k in keys])
-    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    big = expected >= 5
-    observed = np.append(observed[big], observed[~big].sum())
-    expected = np.append(expected[big], expected[~big].sum())
-    if expected[-1] < 5:
-        observed[-2] += observed[-1]
-        expected[-2] += expected[-1]
-        observed, expected = observed[:-1], expected[:-1]
-    pvalue = float(stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
-    print(f"{name}: chi-square p = {pvalue:.3f} over {len(observed)} bins; "
+    pvalue = chi_square_pvalue(law, counts, n)
+    print(f"{name}: chi-square p = {pvalue:.3f}; "
           f"ahead blocks verified in {ahead_used}/{n} runs, modes switched in {switched}")
     assert pvalue > 1e-3
     # the runs did what the variant is about: blocks verified ahead, or a switch of modes (the

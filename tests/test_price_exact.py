@@ -12,10 +12,9 @@ from __future__ import annotations
 import dataclasses
 
 import httpx
-import numpy as np
 import pytest
 import torch
-from scipy import stats
+from sampling_law import chi_square_pvalue, spread_prompt
 from verifier_harness import TEST_DEVICE, channel_to, open_draft
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime)
@@ -29,7 +28,7 @@ from edge.daemon.server import DaemonThread, load_engine
 from edge.runtime import DraftConfig
 from edge.control.adaptive import AdaptivePolicy
 from edge.control.policy import Plan, RoundView
-from tandem.sampling import SamplingParams, warp
+from tandem.sampling import SamplingParams
 
 torch.set_num_threads(1)
 
@@ -116,30 +115,6 @@ def test_greedy_output_is_the_targets_at_price_one(case, dear_link, draft, promp
         assert "cloud" in modes
 
 
-def _joint_law(model, ids: list[int], params: SamplingParams, n: int) -> dict[tuple, float]:
-    """Exact law of the target's first n sampled tokens (top_k keeps it small)."""
-    law: dict[tuple, float] = {(): 1.0}
-    with torch.no_grad():
-        for _ in range(n):
-            nxt: dict[tuple, float] = {}
-            for prefix, prob in law.items():
-                logits = model(torch.tensor([ids + list(prefix)])).logits[0, -1]
-                p = warp(logits[None].double(), params)[0]
-                for token in torch.nonzero(p > 0).flatten().tolist():
-                    nxt[prefix + (token,)] = prob * float(p[token])
-            law = nxt
-    return law
-
-
-def _spread_prompt(model, prompts, params) -> tuple[list[int], dict]:
-    """The first held-out prompt whose 3-token law is spread over several sequences."""
-    for ids in prompts:
-        law = _joint_law(model, ids, params, 3)
-        if sum(1 for p in law.values() if p * SAMPLES >= 5) >= 4:
-            return ids, law
-    raise AssertionError("no held-out prompt with a spread-out 3-token law")
-
-
 @pytest.mark.parametrize("case", ["priced-speculates", "measured-cheaper"])
 def test_sampled_output_follows_the_targets_law_at_price_one(case, dear_link, draft, prompt_ids,
                                                              reference):
@@ -147,7 +122,7 @@ def test_sampled_output_follows_the_targets_law_at_price_one(case, dear_link, dr
     each: 240 sampled generations; its cloud runs are the executor tests/test_e2e_pipelined.py
     checks at price 0, whoever chooses them)."""
     params = SamplingParams(temperature=1.0, top_k=3, seed=0)
-    ids, law = _spread_prompt(reference.model, prompt_ids[100:130], params)
+    ids, law = spread_prompt(reference.model, prompt_ids[100:130], params, SAMPLES)
     client, policy = _client(dear_link, draft, case)
     counts: dict[tuple, int] = {}
     modes: set[str] = set()
@@ -159,18 +134,8 @@ def test_sampled_output_follows_the_targets_law_at_price_one(case, dear_link, dr
         assert all(result.verified)
         counts[key] = counts.get(key, 0) + 1
         modes |= _modes(result)
-    keys = sorted(law, key=law.get, reverse=True)
-    expected = np.array([law[k] * SAMPLES for k in keys])
-    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    big = expected >= 5
-    observed = np.append(observed[big], observed[~big].sum())
-    expected = np.append(expected[big], expected[~big].sum())
-    if expected[-1] < 5:
-        observed[-2] += observed[-1]
-        expected[-2] += expected[-1]
-        observed, expected = observed[:-1], expected[:-1]
-    pvalue = float(stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
-    print(f"{case}: chi-square p = {pvalue:.3f} over {len(observed)} bins, modes {modes}")
+    pvalue = chi_square_pvalue(law, counts, SAMPLES)
+    print(f"{case}: chi-square p = {pvalue:.3f}, modes {modes}")
     assert pvalue > 1e-3
     assert set(policy.prices) == {1.0}
     assert "verify" in modes and "cloud" not in modes

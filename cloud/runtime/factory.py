@@ -20,5 +20,5 @@ def make_backend(config: CloudConfig,
     from cloud.runtime.target import TargetRuntime
     from cloud.runtime.torch_backend import TorchBackend
     runtime = TargetRuntime(model.resolved_path(), model.device, model.dtype,
-                            name=model.name or None)
+                            name=model.name or None, serving_path=model.serving_path)
     return TorchBackend(runtime, config.batch, active_sessions)

@@ -44,14 +44,15 @@ class KVPool:
         """Bytes the pool holds (every slot at full capacity)."""
         return self.slots * self.capacity * self.bytes_per_token
 
-    def layer(self, index: int, kv_heads: int, head_dim: int,
+    def layer(self, index: int, kv_heads: int, dims: tuple[int, int],
               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of layer `index`, allocated at first use (the attention function
-        learns the shapes from the model): each [slots, kv_heads, capacity, head_dim]."""
+        learns the shapes from the model): [slots, kv_heads, capacity, key_dim] and
+        [..., value_dim] (dims = (key_dim, value_dim); they differ in some families)."""
         if index == len(self.keys):
-            shape = (self.slots, kv_heads, self.capacity, head_dim)
-            self.keys.append(torch.zeros(shape, dtype=dtype, device=self.device))
-            self.values.append(torch.zeros(shape, dtype=dtype, device=self.device))
+            for tensors, dim in zip((self.keys, self.values), dims):
+                shape = (self.slots, kv_heads, self.capacity, dim)
+                tensors.append(torch.zeros(shape, dtype=dtype, device=self.device))
         assert index < len(self.keys), f"layer {index} before layer {len(self.keys)}"
         return self.keys[index], self.values[index]
 

@@ -16,6 +16,7 @@ GPT-2, ...).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import statistics
 import time
@@ -27,7 +28,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cloud.runtime import slot_attention
+from cloud.runtime.exact_path import ExactState, exact_forward
 from cloud.runtime.kv import KVPool, KVState
+from cloud.runtime.serving_path import (AUTO, EXACT, PATHS, SLOTS, SelfTest, ServingPath,
+                                        UnsupportedTarget, run_self_test, self_test_lengths)
 from cloud.runtime.slot_attention import SlotBatch
 from tandem.fingerprint import tokenizer_fingerprint
 
@@ -72,84 +76,153 @@ class PassLogits(Sequence):
 
 
 class TargetRuntime:
-    """A local HF causal-LM directory loaded for verification.
+    """A local HF causal-LM directory loaded for verification, served by the slot pool when
+    its self-test passes, else by the exact path (serving_path.py says which and why).
 
     Not thread-safe: one thread (the batcher's worker) runs every forward pass.
     """
 
     def __init__(self, model_dir: Path | str, device: str = "auto", dtype: str = "float32",
-                 name: str | None = None) -> None:
+                 name: str | None = None, serving_path: str = AUTO) -> None:
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").is_file():
             raise FileNotFoundError(f"{self.model_dir}: not an HF model directory (no config.json)")
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if serving_path not in PATHS:
+            raise ValueError(f"serving_path must be one of {PATHS}, got {serving_path!r}")
         started = time.perf_counter()
         self.device = resolve_device(device)
         self.dtype = dtype
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=DTYPES[dtype], local_files_only=True,
-            attn_implementation=slot_attention.register()).to(self.device).eval()
+        self.model, self.family = _load_model(self.model_dir, DTYPES[dtype], self.device)
+        self.reference_attention = self.model.config._attn_implementation
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
         self.name = name or self.model_dir.name  # what Info reports and Open.model must match
         self.fingerprint = tokenizer_fingerprint(tokenizer)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.max_context = _max_context(self.model.config, tokenizer)
         self.pool = KVPool(self.device, max_capacity=self.max_context)
-        self.forward_passes = 0  # batched passes run so far (tests use it to see "no compute")
+        self.forward_passes = 0  # passes run so far (tests use it to see "no compute")
+        self.path = self._choose_path(serving_path)
         self.bytes_per_token = self._measure_bytes_per_token()
-        log.info("target %s loaded from %s on %s (%s) in %.1f s: vocab %d, max context %d, "
-                 "%d KV bytes per token", self.name, self.model_dir, self.device, dtype,
-                 time.perf_counter() - started, self.vocab_size, self.max_context,
-                 self.bytes_per_token)
+        log.info("target %s (%s) loaded from %s on %s (%s) in %.1f s: vocab %d, max context %d, "
+                 "%d KV bytes per token, served by the %s path (%s)", self.name, self.family,
+                 self.model_dir, self.device, dtype, time.perf_counter() - started,
+                 self.vocab_size, self.max_context, self.bytes_per_token, self.path.name,
+                 self.path.reason)
 
-    def new_state(self) -> KVState:
+    def new_state(self) -> KVState | ExactState:
+        if self.path.name == EXACT:
+            return ExactState(self.bytes_per_token)
         return KVState(self.pool)
 
-    def score(self, state: KVState, tokens: Sequence[int]) -> torch.Tensor:
+    def score(self, state: KVState | ExactState, tokens: Sequence[int]) -> torch.Tensor:
         """One session alone: append tokens, return float32 CPU logits [len(tokens), vocab]."""
         return self.forward([(state, tokens)])[0].cpu()
 
-    @torch.inference_mode()
-    def forward(self, batch: Sequence[tuple[KVState, Sequence[int]]]) -> PassLogits:
+    def forward(self, batch: Sequence[tuple[KVState | ExactState, Sequence[int]]]) -> PassLogits:
         """One forward pass over many sessions: batch[i] = (state_i, new_tokens_i).
 
-        Writes each session's new K/V into its slot and returns, per session, float32 logits
-        [len(new_tokens_i), vocab] on the runtime's device where row j is the next-token
-        distribution after new_tokens_i[j].
+        Appends each session's new tokens to its cache and returns, per session, float32
+        logits [len(new_tokens_i), vocab] on the runtime's device where row j is the
+        next-token distribution after new_tokens_i[j]. On the exact path each session is a
+        pass of its own.
         """
         assert batch, "empty batch"
-        new = [len(tokens) for _, tokens in batch]
-        assert min(new) > 0, "every session needs at least one new token"
+        assert min(len(tokens) for _, tokens in batch) > 0, \
+            "every session needs at least one new token"
+        if self.path.name == EXACT:
+            rows = exact_forward(self.model, self.device, batch)
+            self.forward_passes += len(batch)
+        else:
+            rows = self._slot_forward(batch)
+            self.forward_passes += 1
+        lengths = [len(tokens) for _, tokens in batch]
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        return PassLogits(flat=torch.cat(rows), starts=starts, lengths=lengths)
+
+    @torch.inference_mode()
+    def _slot_forward(self, batch: Sequence[tuple[KVState, Sequence[int]]]) -> list[torch.Tensor]:
+        """One packed pass through the slot attention; per session its rows (in batch order)."""
         slots = [state.bind() for state, _ in batch]
         assert len(set(slots)) == len(slots), "a session twice in one pass"
         order = sorted(range(len(batch)), key=slots.__getitem__)  # consecutive slots: a view
         states = [batch[i][0] for i in order]
         past = [state.length for state in states]
-        new = [new[i] for i in order]
+        new = [len(batch[i][1]) for i in order]
         self.pool.reserve(max(p + n for p, n in zip(past, new)))
-
-        # Packed: row b's tokens at offsets[b] .. offsets[b] + new[b] of the one row.
-        offsets = [0]
-        for n in new:
-            offsets.append(offsets[-1] + n)
         input_ids = torch.as_tensor([t for i in order for t in batch[i][1]],
                                     dtype=torch.long)[None]                       # [1, T]
         position_ids = torch.cat([torch.arange(p, p + n) for p, n in zip(past, new)])[None]
         slot_batch = SlotBatch.build(self.pool, [slots[i] for i in order], past, new,
                                      self.device)
-        out = self.model(
-            input_ids=input_ids.to(self.device), position_ids=position_ids.to(self.device),
-            # A 4-D mask is taken as it is (no mask building); the slot attention uses its own.
-            attention_mask=slot_batch.mask, use_cache=False, tandem_batch=slot_batch)
-        self.forward_passes += 1
+        with slot_attention.slot_pass(slot_batch):
+            # A 2-D mask of ones: the model builds its per-layer-type masks through our mask
+            # interface (no packed-sequence guess from the restarting position ids).
+            out = self.model(input_ids=input_ids.to(self.device),
+                             position_ids=position_ids.to(self.device),
+                             attention_mask=torch.ones_like(input_ids, device=self.device),
+                             use_cache=False)
         for state, n in zip(states, new):
             state.length += n
-        starts = [0] * len(batch)
-        for row, i in enumerate(order):
-            starts[i] = offsets[row]
-        return PassLogits(flat=out.logits[0].float(), starts=starts,
-                          lengths=[len(tokens) for _, tokens in batch])
+        logits = out.logits[0].float()                                             # [T, vocab]
+        rows: list[torch.Tensor] = [logits] * len(batch)
+        offset = 0
+        for i, n in zip(order, new):
+            rows[i] = logits[offset: offset + n]
+            offset += n
+        return rows
+
+    def _choose_path(self, requested: str) -> ServingPath:
+        """The slot pool when its self-test passes (or EXACT when asked); else the exact path.
+        A failing forced slot pool, or a model whose own forward fails, refuses to load."""
+        try:
+            self.reference_logits([PAD_TOKEN])
+        except Exception as error:  # noqa: BLE001 - any family's failure, one line
+            raise UnsupportedTarget(self.family, f"its own forward fails ({_one_line(error)})") \
+                from error
+        if requested == EXACT:
+            return ServingPath(EXACT, "model.serving_path: exact", None)
+        test = self._test_slots()
+        if test.passed:
+            return ServingPath(SLOTS, f"self-test passed: max logit diff {test.max_logit_diff:.2g}"
+                               f" over {test.rows} rows", test)
+        reason = "slot pool " + (f"cannot run it ({test.error})" if test.error else
+                                 f"self-test failed: max logit diff {test.max_logit_diff:.3g} > "
+                                 f"{test.tolerance:.3g}, argmax agreement "
+                                 f"{test.argmax_agreement:.3f}")
+        if requested == SLOTS:
+            raise UnsupportedTarget(self.family, reason)
+        self.model.set_attn_implementation(self.reference_attention)
+        return ServingPath(EXACT, reason, test)
+
+    def _test_slots(self) -> SelfTest:
+        lengths = self_test_lengths(self.model.config, self.max_context)
+        try:
+            self.model.set_attn_implementation(slot_attention.register())
+        except Exception as error:  # noqa: BLE001 - reported by name
+            return SelfTest(lengths, 0, float("inf"), 0.0, 0.0, error=_one_line(error))
+        if self.model.config._attn_implementation != slot_attention.NAME:
+            return SelfTest(lengths, 0, float("inf"), 0.0, 0.0,
+                            error="its attention does not go through AttentionInterface")
+        test = run_self_test(lambda: KVState(self.pool), self._slot_forward,
+                             self.reference_logits, self.vocab_size, lengths,
+                             DTYPES[self.dtype])
+        self.forward_passes = 0  # not the verifier's work
+        return test
+
+    @torch.inference_mode()
+    def reference_logits(self, tokens: list[int]) -> torch.Tensor:
+        """The model's own full forward with its own attention: [len(tokens), vocab] float32."""
+        current = self.model.config._attn_implementation
+        if current != self.reference_attention:
+            self.model.set_attn_implementation(self.reference_attention)
+        try:
+            ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+            return self.model(input_ids=ids, use_cache=False).logits[0].float()
+        finally:
+            if current != self.reference_attention:
+                self.model.set_attn_implementation(current)
 
     def rollback(self, state: KVState, length: int) -> None:
         state.rollback(length)
@@ -180,13 +253,54 @@ class TargetRuntime:
         return max(wide - narrow, 0.0) * 1000.0 / (POSITION_PROBE_SESSIONS * POSITION_PROBE_K)
 
     def _measure_bytes_per_token(self) -> int:
-        """K/V bytes one position costs, measured with a one-token pass (also a warm-up)."""
+        """K/V bytes one position costs, measured with a one-token pass (also a warm-up): the
+        slot pool's growth, or on the exact path the model's own cache."""
+        if self.path.name == EXACT:
+            with torch.inference_mode():
+                ids = torch.tensor([[PAD_TOKEN]], device=self.device)
+                out = self.model(input_ids=ids, use_cache=True)
+            # A model without a per-position cache (recurrent state): its hidden states.
+            config = self.model.config.get_text_config()
+            hidden = getattr(config, "hidden_size", 0) * getattr(config, "num_hidden_layers", 1)
+            return _cache_bytes(getattr(out, "past_key_values", None)) or \
+                max(1, 2 * hidden * DTYPES[self.dtype].itemsize)
         state = self.new_state()
         self.score(state, [PAD_TOKEN])
         self.forward_passes = 0
         nbytes = state.nbytes
         state.release()
         return nbytes
+
+
+def _load_model(model_dir: Path, dtype: torch.dtype,
+                device: torch.device) -> tuple[torch.nn.Module, str]:
+    """The model with its own default attention, and its family (config model_type); any
+    failure to load as a causal LM is one UnsupportedTarget line."""
+    try:
+        family = str(json.loads((model_dir / "config.json").read_text()).get("model_type", "?"))
+    except (OSError, ValueError) as error:
+        raise UnsupportedTarget("?", f"config.json unreadable ({_one_line(error)})") from error
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+    except Exception as error:  # noqa: BLE001 - KeyError, ValueError, shape errors: one line
+        raise UnsupportedTarget(family, f"it does not load as a causal LM "
+                                        f"({_one_line(error)})") from error
+    return model.to(device).eval(), family
+
+
+def _cache_bytes(cache) -> int:
+    """Bytes of every tensor a one-position cache holds (its layers' keys, values, states)."""
+    tensors = [value for layer in getattr(cache, "layers", []) for value in vars(layer).values()
+               if isinstance(value, torch.Tensor)]
+    return sum(t.nbytes for t in tensors)
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's type and its first sentence: what a one-line refusal quotes."""
+    text = str(error).strip().splitlines()
+    if not text:
+        return type(error).__name__
+    return f"{type(error).__name__}: {text[0].split('. ')[0][:240]}"
 
 
 def _max_context(config, tokenizer) -> int:
