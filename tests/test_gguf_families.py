@@ -6,18 +6,21 @@ wrong, are refused in one line. (The other families it writes: test_e2e_draft_fa
 from __future__ import annotations
 
 import json
+import shutil
 from unittest import mock
 
+import llama_cpp
 import pytest
 from draft_families import PROMPT, ROOT, build, check_gguf_equals_hf, hf_greedy, runtime_greedy
 from gguf import GGUFReader
 from spm_tokenizer import save, train_bpe
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer, LlamaConfig, MistralConfig, Qwen2Config
 
 from edge.runtime.llama_runtime import LlamaDraftRuntime
 from models.export import gguf as exporter
 from models.export.gguf import export_gguf
-from models.export.hf_source import UnsupportedModel
+from models.export.hf_source import SPLIT_PRE_TOKENIZERS, UnsupportedModel
 from tandem.fingerprint import tokenizer_fingerprint
 
 pytestmark = pytest.mark.unit  # no server: exporter and llama.cpp runtime in process
@@ -95,3 +98,36 @@ def test_features_llama_cpp_would_get_wrong_are_refused(tmp_path, config, says):
     with pytest.raises(UnsupportedModel, match=says):
         export_gguf(tmp_path, tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()
+
+
+TOKENIZE_TEXTS = ["x = 2024 + 1234567 - 00\n", "We're 3 they'll\n\n  spaced   out\tdone", "def f(a):\n    return a*255"]
+
+
+@pytest.mark.parametrize("pre, name", [("qwen2", "qwen2"), ("llama3", "llama-bpe")])
+def test_split_pre_tokenizers_get_llama_cpp_names(qwen2_dir, tmp_path, pre, name):
+    """A real Qwen2 or Llama-3 tokenizer.json splits with a regex before ByteLevel: the GGUF names
+    llama.cpp's pre-tokenizer for it, and llama.cpp then tokenizes text as the HF tokenizer does
+    (the edge tokenizes with HF, so this matters only to the file's other users)."""
+    digits = "\\p{N}" if pre == "qwen2" else "\\p{N}{1,3}"
+    regex = next(r for r, n in SPLIT_PRE_TOKENIZERS.items() if n == name)
+    assert digits in regex
+    hf_dir = tmp_path / pre
+    shutil.copytree(qwen2_dir, hf_dir)
+    spec = json.loads((hf_dir / "tokenizer.json").read_text())
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+    (hf_dir / "tokenizer.json").write_text(json.dumps(spec))
+    reader = GGUFReader(export_gguf(hf_dir, tmp_path / "t.gguf"))
+    assert reader.fields["tokenizer.ggml.pre"].contents() == name
+    hf = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    cpp = llama_cpp.Llama(str(tmp_path / "t.gguf"), vocab_only=True, verbose=False)
+    gpt2 = Tokenizer.from_file(str(ROOT / "models/tokenizer/tokenizer.json"))
+    try:
+        for text in TOKENIZE_TEXTS:
+            ids = hf.encode(text, add_special_tokens=False).ids
+            assert cpp.tokenize(text.encode(), add_bos=False, special=False) == ids, text
+        # The split is observable: GPT-2's regex keeps " 2024" whole and merges its digits.
+        assert gpt2.encode(TOKENIZE_TEXTS[0]).ids != hf.encode(TOKENIZE_TEXTS[0]).ids
+    finally:
+        cpp.close()

@@ -1,9 +1,9 @@
 """The tokenizer.ggml.* keys of a GGUF, from an HF directory's tokenizer.json, by tokenizer kind
 (tandem.fingerprint.tokenizer_json_kind):
 
-  * byte-level BPE (the shipped tokenizer, Llama-3, Qwen): tokenizer model "gpt2" with
-    pre-tokenizer "gpt-2" (= ByteLevel with the GPT-2 regex; "default" splits digits and
-    punctuation differently), merges as "a b" strings, CONTROL type for special tokens so that
+  * byte-level BPE (the shipped tokenizer, Llama-3, Qwen): tokenizer model "gpt2" with the
+    pre-tokenizer llama.cpp names for the tokenizer.json's ("gpt-2" = ByteLevel with the GPT-2
+    regex, "qwen2", "llama-bpe"; hf_source.llama_cpp_pre), merges as "a b" strings, CONTROL type for special tokens so that
     <|endoftext|> is one id with tokenize(..., special=True). Written here, since llama.cpp's
     convert_hf_to_gguf.py refuses a newly trained BPE tokenizer ("BPE pre-tokenizer was not
     recognized");
@@ -38,7 +38,7 @@ def _token_type(vocab: BpeVocab, idx: int) -> gguf.TokenType:
 
 def _write_byte_level(writer: gguf.GGUFWriter, shape: LlamaShape, vocab: BpeVocab) -> None:
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
+    writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(vocab.tokens)
     writer.add_token_types([_token_type(vocab, i) for i in range(len(vocab.tokens))])
     writer.add_token_merges(vocab.merges)

@@ -99,6 +99,30 @@ class BpeVocab:
     padding: list[bool]       # [vocab] True for ids the config has but the tokenizer does not
     merges: list[str]         # "left right", in priority order
     adds_bos: bool            # whether the HF tokenizer prepends the bos token by itself
+    pre: str = "gpt-2"        # llama.cpp's name for the pre-tokenizer (tokenizer.ggml.pre)
+
+
+# The split regexes before ByteLevel(use_regex=False) of the byte-level tokenizers llama.cpp
+# knows by name, as their tokenizer.json files write them (llama.cpp's own copies are the same
+# expressions with the case-insensitive group spelt out).
+_CONTRACTIONS = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+_TAIL = "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+SPLIT_PRE_TOKENIZERS = {
+    _CONTRACTIONS + "\\p{N}" + _TAIL: "qwen2",           # Qwen2, Qwen2.5, Qwen3: single digits
+    _CONTRACTIONS + "\\p{N}{1,3}" + _TAIL: "llama-bpe",  # Llama-3: digits in runs of up to 3
+}
+
+
+def llama_cpp_pre(pre: dict) -> str | None:
+    """llama.cpp's pre-tokenizer name for a byte-level tokenizer.json pre_tokenizer, or None."""
+    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+        return "gpt-2"  # ByteLevel with the GPT-2 regex ("default" splits digits differently)
+    members = (pre.get("pretokenizers") or []) if pre.get("type") == "Sequence" else []
+    if (len(members) == 2 and members[0].get("type") == "Split"
+            and members[0].get("behavior") == "Isolated" and not members[0].get("invert")
+            and members[1].get("type") == "ByteLevel" and not members[1].get("use_regex", True)):
+        return SPLIT_PRE_TOKENIZERS.get((members[0].get("pattern") or {}).get("Regex"))
+    return None
 
 
 def read_bpe_vocab(hf_dir: Path, vocab_size: int, bos_token_id: int | None) -> BpeVocab:
@@ -107,10 +131,10 @@ def read_bpe_vocab(hf_dir: Path, vocab_size: int, bos_token_id: int | None) -> B
     model = raw["model"]
     if model.get("type") != "BPE":
         raise UnsupportedModel(f"{path}: tokenizer model {model.get('type')!r}, expected 'BPE'")
-    pre = raw.get("pre_tokenizer") or {}
-    if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True):
-        # llama.cpp's "gpt-2" pre-tokenizer reproduces exactly ByteLevel with the GPT-2 regex.
-        raise UnsupportedModel(f"{path}: pre-tokenizer {pre!r}, expected ByteLevel(use_regex=True)")
+    pre = llama_cpp_pre(raw.get("pre_tokenizer") or {})
+    if pre is None:
+        raise UnsupportedModel(f"{path}: a pre-tokenizer llama.cpp has no name for (known: "
+                               f"ByteLevel with the GPT-2 regex, Qwen2's and Llama-3's splits)")
 
     by_id: dict[int, str] = {idx: tok for tok, idx in model["vocab"].items()}
     added_ids, special_ids = set(), set()
@@ -143,4 +167,5 @@ def read_bpe_vocab(hf_dir: Path, vocab_size: int, bos_token_id: int | None) -> B
         padding=[i >= n_ids for i in range(vocab_size)],
         merges=merges,
         adds_bos=adds_bos,
+        pre=pre,
     )
