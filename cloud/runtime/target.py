@@ -193,11 +193,15 @@ class TargetRuntime:
                                  f"{test.argmax_agreement:.3f}")
         if requested == SLOTS:
             raise UnsupportedTarget(self.family, reason)
-        self.model.set_attn_implementation(self.reference_attention)
+        if self.model.config._attn_implementation != self.reference_attention:
+            self.model.set_attn_implementation(self.reference_attention)
         return ServingPath(EXACT, reason, test)
 
     def _test_slots(self) -> SelfTest:
         lengths = self_test_lengths(self.model.config, self.max_context)
+        if not self.model._can_set_attn_implementation():  # transformers' own test of it
+            return SelfTest(lengths, 0, float("inf"), 0.0, 0.0,
+                            error="its attention does not go through AttentionInterface")
         try:
             self.model.set_attn_implementation(slot_attention.register())
         except Exception as error:  # noqa: BLE001 - reported by name
@@ -233,7 +237,9 @@ class TargetRuntime:
         POSITION_PROBE_SESSIONS sessions at POSITION_PROBE_CONTEXT positions feeding 1 and
         1 + POSITION_PROBE_K tokens each, the medians' difference per extra position. Measured
         on first use (the verifier's start), once; ~0.2 s for the shipped target on a CPU core."""
-        states = [self.new_state() for _ in range(POSITION_PROBE_SESSIONS)]
+        # The exact path runs each session alone: one session shows its position cost.
+        sessions = 1 if self.path.name == EXACT else POSITION_PROBE_SESSIONS
+        states = [self.new_state() for _ in range(sessions)]
         passes = self.forward_passes
         try:
             self.forward([(state, [PAD_TOKEN] * POSITION_PROBE_CONTEXT) for state in states])
@@ -250,7 +256,7 @@ class TargetRuntime:
                 state.release()
             self.forward_passes = passes  # not the verifier's work
         wide, narrow = (statistics.median(times[w]) for w in (1 + POSITION_PROBE_K, 1))
-        return max(wide - narrow, 0.0) * 1000.0 / (POSITION_PROBE_SESSIONS * POSITION_PROBE_K)
+        return max(wide - narrow, 0.0) * 1000.0 / (sessions * POSITION_PROBE_K)
 
     def _measure_bytes_per_token(self) -> int:
         """K/V bytes one position costs, measured with a one-token pass (also a warm-up): the
