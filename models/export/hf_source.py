@@ -46,8 +46,9 @@ def _check_full_attention(hf_dir: Path, cfg: dict) -> None:
     window = cfg.get("sliding_window")
     if window is not None and cfg.get("use_sliding_window", True) \
             and window < cfg["max_position_embeddings"]:
-        raise UnsupportedModel(f"{hf_dir}: sliding_window {window} is shorter than the context; "
-                               "the exported graph attends to every position")
+        raise UnsupportedModel(f"{hf_dir}: sliding_window {window} is shorter than the context "
+                               f"({cfg['max_position_embeddings']}); the exported graph attends "
+                               "to every position")
     windowed = {t for t in cfg.get("layer_types") or () if t != "full_attention"}
     if windowed:
         raise UnsupportedModel(f"{hf_dir}: layer_types {sorted(windowed)}: only full attention is exported")
