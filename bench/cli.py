@@ -16,6 +16,7 @@
       95% bootstrap intervals and verdicts, JSON and PNG plots (bench/matrix/)
   tandem capacity ...        users one verifier serves at a latency SLO (bench/capacity/)
   tandem ladder ...          the edge model ladder and the fast-mode curve (bench/ladder.py)
+  tandem pass-cost ...       a target's verify-pass time surface (bench/passcost/)
   tandem verifier-bench ...  verifier goodput: torch vs vLLM vs target-only (bench/verifier.py)
   tandem fast-mode-bench ... fast mode's verified share and agreement (bench/fast_mode.py)
   tandem startup-race ...    verifier and daemon started together under load (bench/startup_race.py)
@@ -39,7 +40,7 @@ from pathlib import Path
 from bench.matrix.cli import add_parser as add_bench_parser
 from bench.capacity.cli import add_parser as add_capacity_parser
 from tandem.cli import add_version, fail
-from tandem.config import ConfigError, load_config, merge, parse_set_options, resolve_path
+from tandem.config import ConfigError, command_line, load_config, resolve_path
 
 DEFAULT_OUT = Path("out/sim")
 
@@ -49,6 +50,8 @@ DEFAULT_OUT = Path("out/sim")
 OWN_PARSER_VERBS = {
     "ladder": ("bench.ladder", "the edge model ladder and fast mode: switching vs each local "
                                "model alone, fast-mode curve"),
+    "pass-cost": ("bench.passcost.cli", "a target's verify-pass time surface on this device: "
+                                        "sessions x tokens x context, KV memory bound"),
     "verifier-bench": ("bench.verifier", "verifier goodput and round latency: torch vs vLLM "
                                          "backend vs target-only decoding"),
     "fast-mode-bench": ("bench.fast_mode", "fast mode over min_agreement: verified share, "
@@ -65,13 +68,18 @@ OWN_PARSER_VERBS = {
 }
 
 
-def _sim(args: argparse.Namespace) -> int:
+def sim_config(args: argparse.Namespace):
+    """`tandem sim`'s SimConfig: defaults < config file < environment < --set < named flags."""
     from bench.sim_config import SimConfig
 
     flags = {"prompts": args.prompts, "max_tokens": args.max_tokens, "concurrency": args.concurrency,
              "profiles": args.profiles.split(",") if args.profiles else None}
-    config = load_config(args.config, SimConfig, merge(parse_set_options(args.set), flags),
-                         env_prefix="TANDEM_SIM_")
+    return load_config(args.config, SimConfig, command_line(args.set, flags),
+                       env_prefix="TANDEM_SIM_")
+
+
+def _sim(args: argparse.Namespace) -> int:
+    config = sim_config(args)
     from bench.sim import print_report, run_sim  # loads torch / grpc only when simulating
 
     json_path = args.json if args.json is not None else DEFAULT_OUT / "sim.json"

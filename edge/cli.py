@@ -19,7 +19,8 @@ from pathlib import Path
 
 from edge.config import EdgeConfig, model_for_backend, resolve_paths
 from tandem.cli import add_version, fail
-from tandem.config import ConfigError, load_config, merge, parse_set_options, resolve_path
+from tandem.config import (ConfigError, command_line, load_config, parse_set_options,
+                           resolve_path)
 
 DEFAULT_CONFIG = Path("configs/edge.yaml")
 ENV_PREFIX = "TANDEM_EDGE_"
@@ -88,16 +89,19 @@ def load_edge_config(args: argparse.Namespace) -> EdgeConfig:
                        else None},
              "daemon": {"host": getattr(args, "host", None), "port": getattr(args, "port", None),
                         "log_level": getattr(args, "log_level", None)}}
-    overrides = merge(parse_set_options(getattr(args, "set", None)), _drop_none(flags))
+    sets = getattr(args, "set", None)
     # The shipped default file is optional (schema defaults without it); a named one is not.
     path = None if args.config == DEFAULT_CONFIG and not resolve_path(args.config).exists() \
         else args.config
-    config = load_config(path, EdgeConfig, overrides, env_prefix=ENV_PREFIX)
-    if args.draft_model and not args.tokenizer_dir:
+    config = load_config(path, EdgeConfig, command_line(sets, flags), env_prefix=ENV_PREFIX)
+    # --draft-model and --backend bring their companions along (the tokenizer beside the
+    # model, the backend's model file) unless the command line names those too.
+    draft_set = parse_set_options(sets).get("draft", {})
+    if args.draft_model and not args.tokenizer_dir and "tokenizer_dir" not in draft_set:
         config = config.model_copy(update={"draft": config.draft.model_copy(
             update={"tokenizer_dir": None})})
     config = resolve_paths(config)
-    if args.backend and not args.draft_model:
+    if args.backend and not args.draft_model and "model_path" not in draft_set:
         config = config.model_copy(update={"draft": config.draft.model_copy(
             update={"model_path": model_for_backend(config.draft)})})
     check_draft_files(config)
@@ -121,11 +125,6 @@ def check_draft_files(config: EdgeConfig) -> None:
     if not (draft.resolved_tokenizer_dir / "tokenizer.json").exists():
         raise ConfigError(f"no tokenizer.json in {draft.resolved_tokenizer_dir} (set "
                           "draft.tokenizer_dir or --tokenizer-dir)")
-
-
-def _drop_none(tree: dict) -> dict:
-    return {key: _drop_none(value) if isinstance(value, dict) else value
-            for key, value in tree.items() if value is not None}
 
 
 def _generate(args: argparse.Namespace) -> int:

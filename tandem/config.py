@@ -101,8 +101,16 @@ def parse_set_options(items: Sequence[str] | None) -> dict:
     return tree
 
 
+def command_line(set_options: Sequence[str] | None, flags: Mapping) -> dict:
+    """What a command line overrides, for load_config: the named flags over the `--set
+    KEY=VALUE` options. A flag left unset (None, argparse's default) overrides nothing, so it
+    never hides a --set of the same key: `--set server.port=P` without `--port` gives P. Every
+    CLI that takes --set combines the two here, and only here."""
+    return merge(parse_set_options(set_options), _drop_none(flags))
+
+
 def merge(base: dict, top: Mapping) -> dict:
-    """A new dict: `top` deep-merged over `base` (used to combine --set with named flags)."""
+    """A new dict: `top` deep-merged over `base`."""
     out = dict(base)
     for key, value in top.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):

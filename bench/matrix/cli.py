@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from tandem.config import ConfigError, load_config, merge, parse_set_options, resolve_path
+from tandem.config import ConfigError, command_line, load_config, resolve_path
 
 DEFAULT_OUT = Path("out/bench")
 
@@ -59,10 +59,10 @@ def _offsets(text: str) -> int | list[float]:
         raise argparse.ArgumentTypeError(f"a count or comma-separated seconds, not {text!r}") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    from bench.matrix.channels import held_out_profile
-    from bench.matrix.config import BenchConfig, load_device
-    from bench.channel import load_profile
+def bench_config(args: argparse.Namespace):
+    """`tandem bench`'s BenchConfig: defaults < config file < environment < --set < named
+    flags."""
+    from bench.matrix.config import BenchConfig
 
     flags = {"prompts": args.prompts, "max_tokens": args.max_tokens,
              "channels": [str(c) for c in args.channel] if args.channel else None,
@@ -70,8 +70,16 @@ def run(args: argparse.Namespace) -> int:
              "held_out_traces": [str(p) for p in args.held_out_trace] if args.held_out_trace else None,
              "workers": args.workers,
              "configurations": args.configs.split(",") if args.configs else None}
-    config = load_config(args.config, BenchConfig, merge(parse_set_options(args.set), flags),
-                         env_prefix="TANDEM_BENCH_")
+    return load_config(args.config, BenchConfig, command_line(args.set, flags),
+                       env_prefix="TANDEM_BENCH_")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.matrix.channels import held_out_profile
+    from bench.matrix.config import load_device
+    from bench.channel import load_profile
+
+    config = bench_config(args)
     channels = [load_profile(resolve_path(path)) for path in config.channels]  # fail early
     channels += [held_out_profile(Path(path), resolve_path(config.held_out_base))
                  for path in config.held_out_traces]
