@@ -21,6 +21,7 @@ import asyncio
 import hmac
 import logging
 import time
+from collections.abc import Sequence
 from functools import partial
 
 from fastapi import FastAPI, Request
@@ -37,6 +38,7 @@ from edge.daemon.pool import GenerationPool
 from edge.daemon.errors import (ApiError, BadRequest, BodyTooLarge, MethodNotAllowed,
                                 RouteNotFound, Unauthorized, from_validation_errors)
 from edge.daemon.metrics import DaemonMetrics
+from edge.daemon.output import GenerationOutput
 from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, CompletionRequest,
                                        _Request, _surrogate_path)
 from edge.daemon.responses import (chat_events, chat_response, completion_events,
@@ -178,6 +180,7 @@ def create_app(engine: GenerationPool) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
+        arrived = time.monotonic()  # the origin of queue_s and TTFT
         check_fields(req, "/v1/completions")
         engine.jobs.check_model(req.model)
         # Tokenizing can take a while for long prompts: off the event loop.
@@ -185,39 +188,46 @@ def create_app(engine: GenerationPool) -> FastAPI:
                 for prompt in req.prompts]
         echoes = [text if req.echo else "" for _, text in jobs]
         if req.stream:
-            first = engine.stream(jobs[0][0])  # admitted now: an overload is still a 503
+            # Admitted now: an overload is still a 503. The later prompts run one after
+            # another, each arriving when the one before it ends.
+            first = engine.stream(jobs[0][0], arrived)
             streams = [lambda: first] + [partial(engine.stream, job) for job, _ in jobs[1:]]
             events = completion_events(streams, req.model, req.include_usage_chunk, echoes,
-                                       on_done=lambda n: _note_tokens(request, n),
+                                       on_done=partial(_note_outputs, request),
                                        continuous_usage=req.continuous_usage)
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-        outs = await asyncio.gather(*(engine.complete(job) for job, _ in jobs))
-        _note_tokens(request, sum(out.completion_tokens for out in outs))
+        outs = await asyncio.gather(*(engine.complete(job, arrived) for job, _ in jobs))
+        _note_outputs(request, outs)
         return JSONResponse(completion_response(outs, req.model, echoes,
                                                 req.return_token_ids).model_dump(),
                             headers=verification_headers(outs))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+        arrived = time.monotonic()  # the origin of queue_s and TTFT
         check_fields(req, "/v1/chat/completions")
         engine.jobs.check_model(req.model)
         job = await run_in_threadpool(engine.jobs.chat_job, req)
         if req.stream:
-            events = chat_events(engine.stream(job), req.model, req.include_usage_chunk,
-                                 on_done=lambda n: _note_tokens(request, n),
+            events = chat_events(engine.stream(job, arrived), req.model, req.include_usage_chunk,
+                                 on_done=partial(_note_outputs, request),
                                  continuous_usage=req.continuous_usage)
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-        out = await engine.complete(job)
-        _note_tokens(request, out.completion_tokens)
+        out = await engine.complete(job, arrived)
+        _note_outputs(request, [out])
         return JSONResponse(chat_response(out, req.model).model_dump(),
                             headers=verification_headers([out]))
 
     return app
 
 
-def _note_tokens(request: Request, n: int) -> None:
-    """Completion tokens of this request, for the access log."""
-    request.scope.setdefault("state", {})["completion_tokens"] = n
+def _note_outputs(request: Request, outs: Sequence[GenerationOutput]) -> None:
+    """For the access log: this request's completion tokens, and its longest wait for a pool
+    slot (queue_s) over its generations."""
+    state = request.scope.setdefault("state", {})
+    state["completion_tokens"] = sum(out.completion_tokens for out in outs)
+    if outs:
+        state["queue_s"] = max(out.stats.queue_s for out in outs)
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -233,8 +243,9 @@ async def _send_error(send: Send, exc: ApiError) -> None:
 
 
 class _AccessLog:
-    """One access line per request (method, path, status, completion tokens, seconds) and the
-    request metrics by route and status (pure ASGI, so streaming responses pass through)."""
+    """One access line per request (method, path, status, completion tokens, seconds, and the
+    time it waited for a pool slot) and the request metrics by route and status (pure ASGI,
+    so streaming responses pass through)."""
 
     def __init__(self, app: ASGIApp, metrics: DaemonMetrics) -> None:
         self.app = app
@@ -261,11 +272,13 @@ class _AccessLog:
             endpoint = getattr(route, "path", "unmatched")
             generation = endpoint.startswith("/v1/") and scope.get("method") == "POST"
             self.metrics.observe_request(endpoint, status, elapsed if generation else None)
-            tokens = scope.get("state", {}).get("completion_tokens")
+            state = scope.get("state", {})
+            tokens, queue_s = state.get("completion_tokens"), state.get("queue_s")
             client = scope.get("client") or ("-", 0)
-            access_log.info('%s "%s %s" %d%s %.3fs', client[0], scope.get("method"),
+            access_log.info('%s "%s %s" %d%s %.3fs%s', client[0], scope.get("method"),
                             scope.get("path"), status,
-                            f" {tokens} tokens" if tokens is not None else "", elapsed)
+                            f" {tokens} tokens" if tokens is not None else "", elapsed,
+                            f" (queued {queue_s:.3f}s)" if queue_s is not None else "")
 
 
 class _ApiKey:

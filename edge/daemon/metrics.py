@@ -77,9 +77,16 @@ class DaemonMetrics:
         self._tokens = counter("generated_tokens", "emitted tokens, by whether the target "
                                "verified them", ("verified",))
         self.tokens_per_second = histogram("generation_tokens_per_second", "generated tokens / "
-                                           "wall time, per request", _TOKS_BUCKETS).labels(**m)
-        self.ttft_seconds = histogram("time_to_first_token_seconds", "time to first token",
+                                           "the generation's wall time (after its queue), per "
+                                           "request", _TOKS_BUCKETS).labels(**m)
+        # From the request's arrival, its wait for a pool slot included: what a client (or
+        # vLLM's load generator) measures, so the two agree.
+        self.ttft_seconds = histogram("time_to_first_token_seconds", "time to first token, "
+                                      "from the request's arrival (queue time included)",
                                       _SECONDS_BUCKETS).labels(**m)
+        self.queue_seconds = histogram("request_queue_seconds", "time a request waited for a "
+                                       "free draft runtime (pool slot) before its generation "
+                                       "started", _SECONDS_BUCKETS).labels(**m)
         self.reopens = counter("session_reopens", "sessions re-opened after an outage or "
                                "eviction").labels(**m)
         self.moves = counter("session_moves", "re-opens that another verifier took (several "

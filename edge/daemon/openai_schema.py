@@ -391,9 +391,14 @@ class TandemStats(BaseModel):
         "verifier not reached yet), overload, fast_mode")
     bytes_up: int
     bytes_down: int
-    wall_s: float
-    ttft_s: float | None
-    tokens_per_s: float
+    wall_s: float = Field(description="seconds from the request's arrival to its last token "
+                                      "(queue_s included)")
+    queue_s: float = Field(0.0, description="seconds the request waited for a free draft "
+                                            "runtime (a pool slot) before its generation started")
+    ttft_s: float | None = Field(description="seconds from the request's arrival to its first "
+                                             "token (queue_s included, as a client measures it)")
+    tokens_per_s: float = Field(description="tokens / (wall_s - queue_s): the generation's "
+                                            "speed once it had a slot")
     reopens: int = Field(description="sessions re-opened after an outage or eviction")
     moves: int = Field(0, description="re-opens that another verifier took (several verifiers "
                                       "behind a balancer: each re-prefilled the whole context)")

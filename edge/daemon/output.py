@@ -56,7 +56,8 @@ class GenerationOutput:
 
 @dataclass
 class Emitted:
-    """What on_tokens has seen of one generation."""
+    """What on_tokens has seen of one generation; its times count from `t0`, the request's
+    arrival (its wait for a pool slot included, as a client sees it)."""
     t0: float
     token_ids: list[int] = field(default_factory=list)
     verified: list[bool] = field(default_factory=list)
@@ -74,13 +75,15 @@ class TextOutput:
 
     def __init__(self, tokenizer: EdgeTokenizer, stop_strings: Sequence[str],
                  stop_ids: frozenset[int], timeout_s: float, on_text: OnText | None,
-                 link_state: Callable[[], LinkState]) -> None:
+                 link_state: Callable[[], LinkState], arrived_s: float) -> None:
+        """`arrived_s`: when the request arrived (time.monotonic()); the deadline counts from
+        now, the generation's start."""
         self.detok = make_detokenizer(tokenizer)  # tokenizers' native decode stream
         self.stops = StopMatcher(stop_strings)
         self.stop_ids = stop_ids
         self.token_by_token = bool(stop_strings)
-        self.emitted = Emitted(t0=time.monotonic())
-        self.deadline = self.emitted.t0 + timeout_s
+        self.emitted = Emitted(t0=arrived_s)
+        self.deadline = time.monotonic() + timeout_s
         self.on_text = on_text
         self.link_state = link_state
 
@@ -122,13 +125,16 @@ class TextOutput:
             self.release(self.stops.flush())
 
 
-def build_stats(result: GenerationResult, emitted: Emitted, wall_s: float, backend: str,
-                trace: bool) -> TandemStats:
+def build_stats(result: GenerationResult, emitted: Emitted, wall_s: float, queue_s: float,
+                backend: str, trace: bool) -> TandemStats:
     """Tandem's stats of one generation, from the client's round log (tandem.metrics formulas).
-    Token counts are what on_tokens saw (a stop string may end the text inside a chunk). The
-    trace has the verified rounds and the cloud runs (the adaptive controller's other option)."""
+    Token counts are what on_tokens saw (a stop string may end the text inside a chunk).
+    wall_s and ttft_s count from the request's arrival, queue_s included; tokens_per_s is the
+    speed once it had a slot. The trace has the verified rounds and the cloud runs (the
+    adaptive controller's other option)."""
     n_tokens = len(emitted.token_ids)
     n_verified = sum(emitted.verified)
+    generating_s = wall_s - queue_s
     return TandemStats(
         rounds=result.rounds, accepted_lengths=result.accepted_lengths,
         mean_accepted_length=result.mean_accepted_length,
@@ -137,9 +143,10 @@ def build_stats(result: GenerationResult, emitted: Emitted, wall_s: float, backe
         verified_tokens=n_verified, unverified_tokens=n_tokens - n_verified,
         verified_fraction=n_verified / n_tokens if n_tokens else 1.0,
         unverified_by_cause=result.unverified_by_cause(limit=n_tokens - n_verified),
-        bytes_up=result.bytes_up, bytes_down=result.bytes_down, wall_s=wall_s,
+        bytes_up=result.bytes_up, bytes_down=result.bytes_down, wall_s=wall_s, queue_s=queue_s,
         ttft_s=emitted.first_token_s,
-        tokens_per_s=n_tokens / wall_s if wall_s > 0 else 0.0, reopens=result.reopens,
+        tokens_per_s=n_tokens / generating_s if generating_s > 0 else 0.0,
+        reopens=result.reopens,
         moves=result.moves, verifier=result.verifier,
         draft_backend=backend, agreement=result.agreement,
         trace=[RoundTrace(t_s=r.t_start_s + r.draft_s + r.send_s + r.rtt_s, draft_length=r.drafted,
@@ -156,14 +163,15 @@ class TextStream:
     the GenerationOutput. Leaving the iteration early (the HTTP client went away) halts the
     generation at its next commit."""
 
-    def __init__(self, submit: Callable[[GenerationJob, OnText, threading.Event], Future],
-                 job: GenerationJob) -> None:
+    def __init__(self, submit: Callable[[GenerationJob, OnText, threading.Event, float | None],
+                                        Future],
+                 job: GenerationJob, arrived_s: float | None = None) -> None:
         """submit: the pool's (GenerationPool.submit), which admits the job or raises."""
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._halt = threading.Event()
         self.prompt_tokens = len(job.prompt_ids)
-        self._future = submit(job, self._on_text, self._halt)
+        self._future = submit(job, self._on_text, self._halt, arrived_s)
         # Runs after the worker's last on_text, and call_soon_threadsafe keeps their order.
         self._future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._queue.put_nowait, None))
 

@@ -82,9 +82,13 @@ class GenerationPool:
 
     # ---- running ------------------------------------------------------------------------
 
-    def submit(self, job: GenerationJob, on_text: OnText | None, halt: threading.Event) -> Future:
+    def submit(self, job: GenerationJob, on_text: OnText | None, halt: threading.Event,
+               arrived_s: float | None = None) -> Future:
         """Queue a generation; Future[GenerationOutput], failing with an ApiError. Raises
-        QueueFull at once when the pool and the wait queue are full."""
+        QueueFull at once when the pool and the wait queue are full. `arrived_s`: when the
+        request arrived (time.monotonic(); default now), the origin of its queue_s and TTFT.
+        Jobs start in the order they were submitted (the executor's queue is FIFO)."""
+        arrived_s = time.monotonic() if arrived_s is None else arrived_s
         with self._lock:
             if self._closed:
                 raise QueueFull("the daemon is shutting down")
@@ -94,7 +98,7 @@ class GenerationPool:
             self.waiting += 1
             self._halts.add(halt)
         self.metrics.waiting.inc()
-        future = self._executor.submit(self._work, job, on_text, halt)
+        future = self._executor.submit(self._work, job, on_text, halt, arrived_s)
         future.add_done_callback(lambda f: self._done(f, halt))
         return future
 
@@ -105,28 +109,33 @@ class GenerationPool:
                 self.waiting -= 1
                 self.metrics.waiting.dec()
 
-    async def complete(self, job: GenerationJob) -> GenerationOutput:
+    async def complete(self, job: GenerationJob, arrived_s: float | None = None) -> GenerationOutput:
         halt = threading.Event()
-        future = self.submit(job, None, halt)
+        future = self.submit(job, None, halt, arrived_s)
         try:
             return await asyncio.wrap_future(future)
         finally:
             halt.set()  # the HTTP request ended (or was dropped): stop if still running
 
-    def stream(self, job: GenerationJob) -> TextStream:
+    def stream(self, job: GenerationJob, arrived_s: float | None = None) -> TextStream:
         """Admission happens here, so QueueFull is still an HTTP status, not a stream event."""
-        return TextStream(self.submit, job)
+        return TextStream(self.submit, job, arrived_s)
 
-    def _work(self, job: GenerationJob, on_text: OnText | None, halt: threading.Event) -> GenerationOutput:
+    def _work(self, job: GenerationJob, on_text: OnText | None, halt: threading.Event,
+              arrived_s: float) -> GenerationOutput:
         with self._lock:
             self.waiting -= 1
             self.inflight += 1
             self.peak_inflight = max(self.peak_inflight, self.inflight)
             client = self._idle.pop()
+        queue_s = time.monotonic() - arrived_s
         self.metrics.waiting.dec()
         self.metrics.inflight.inc()
+        self.metrics.queue_seconds.observe(queue_s)
         try:
-            return self._generate(client, job, on_text, halt)
+            if halt.is_set():  # its client left while it waited: the slot goes to the next one
+                raise GenerationFailed("the request was cancelled", code="cancelled")
+            return self._generate(client, job, on_text, halt, arrived_s, queue_s)
         except ApiError:
             raise
         except Exception as exc:  # noqa: BLE001 - the daemon must outlive any failed generation
@@ -139,10 +148,11 @@ class GenerationPool:
             self.metrics.inflight.dec()
 
     def _generate(self, client: EdgeClient, job: GenerationJob, on_text: OnText | None,
-                  halt: threading.Event) -> GenerationOutput:
+                  halt: threading.Event, arrived_s: float, queue_s: float) -> GenerationOutput:
         stop_ids = frozenset() if job.ignore_eos else self.tokenizer.stop_ids
         output = TextOutput(self.tokenizer, job.stop_strings, stop_ids,
-                            self.config.request_timeout_s, on_text, lambda: self.link_state)
+                            self.config.request_timeout_s, on_text, lambda: self.link_state,
+                            arrived_s)
         lossless = (job.mode or client.config.mode) != "fast"
 
         def on_tokens(ids: list[int], verified: list[bool]) -> bool:
@@ -179,7 +189,7 @@ class GenerationPool:
         wall_s = time.monotonic() - emitted.t0
         finish: FinishReason = "stop" if output.stops.stopped or result.finish_reason == "stop" \
             else "length"
-        stats = build_stats(result, emitted, wall_s, self.backend, job.trace)
+        stats = build_stats(result, emitted, wall_s, queue_s, self.backend, job.trace)
         self._observe(stats, result)
         if stats.unverified_tokens:
             # Loud: one line per request that emitted unverified tokens, naming why.
@@ -225,7 +235,8 @@ class GenerationPool:
         self.metrics.observe_generation(
             verified=stats.verified_tokens, unverified=stats.unverified_tokens,
             target_passes=stats.target_passes, bytes_up=stats.bytes_up, bytes_down=stats.bytes_down,
-            wall_s=stats.wall_s, ttft_s=stats.ttft_s, reopens=stats.reopens, moves=stats.moves)
+            wall_s=stats.wall_s - stats.queue_s, ttft_s=stats.ttft_s, reopens=stats.reopens,
+            moves=stats.moves)
         self.metrics.observe_unverified(stats.unverified_by_cause)
 
     # ---- lifecycle ----------------------------------------------------------------------

@@ -23,6 +23,9 @@ from edge.daemon.openai_schema import (
 )
 
 
+OnDone = Callable[[Sequence[GenerationOutput]], None]  # a stream's outputs, once it ended
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
@@ -89,14 +92,16 @@ def usage_so_far(stream: TextStream, delta: TextDelta) -> Usage:
 
 async def completion_events(streams: Sequence[Callable[[], TextStream]], model: str,
                             include_usage: bool, echo_texts: Sequence[str] = (),
-                            on_done: Callable[[int], None] | None = None,
+                            on_done: OnDone | None = None,
                             continuous_usage: bool = False) -> AsyncIterator[bytes]:
     """SSE chunks of /v1/completions: for each prompt in turn (choice `index`), text deltas
     (each with its TandemDelta: verified or not, and the link state), then a chunk with
     finish_reason and the `tandem` stats; then (stream_options.include_usage) a usage chunk
-    with no choices (continuous_usage: usage so far in every content chunk too). `streams`
-    start their generation when called (the first one should already be admitted, so an
-    overload is still an HTTP status)."""
+    with no choices (continuous_usage: usage so far in every content chunk too). A choice's
+    first chunk goes out with its first text (`echo`'s prompt text in front of it), never
+    before: a request waiting for a pool slot sends nothing. `streams` start their generation
+    when called (the first one should already be admitted, so an overload is still an HTTP
+    status)."""
     cid, created = new_id("cmpl"), int(time.time())
     echoes = list(echo_texts) or [""] * len(streams)
     outs: list[GenerationOutput] = []
@@ -108,8 +113,6 @@ async def completion_events(streams: Sequence[Callable[[], TextStream]], model: 
         def text(piece: str, finish_reason: str | None = None) -> list[CompletionChoice]:
             return [CompletionChoice(index=index, text=piece, finish_reason=finish_reason)]
 
-        if echo_text:
-            yield chunk(text(echo_text))
         try:
             stream = start()
         except ApiError as exc:
@@ -122,46 +125,52 @@ async def completion_events(streams: Sequence[Callable[[], TextStream]], model: 
                 failed = True
                 break
             if isinstance(item, TextDelta):
-                yield chunk(text(item.text), tandem=delta_stats(item),
+                yield chunk(text(echo_text + item.text), tandem=delta_stats(item),
                             usage=usage_so_far(stream, item) if continuous_usage else None)
+                echo_text = ""
                 continue
             outs.append(item)
-            yield chunk(text("", item.finish_reason), tandem=item.stats)
+            yield chunk(text(echo_text, item.finish_reason), tandem=item.stats)
         if failed:
             break
     if outs and include_usage:
         yield chunk([], usage=total_usage(outs))
     if on_done is not None:
-        on_done(sum(out.completion_tokens for out in outs))
+        on_done(outs)
     yield sse.DONE
 
 
 async def chat_events(stream: TextStream, model: str, include_usage: bool,
-                      on_done: Callable[[int], None] | None = None,
+                      on_done: OnDone | None = None,
                       continuous_usage: bool = False) -> AsyncIterator[bytes]:
-    """SSE chunks of /v1/chat/completions: a role chunk, content deltas, a chunk with
-    finish_reason and the `tandem` stats, then (include_usage) a usage chunk with no choices.
-    Content chunks carry a TandemDelta: verified or not, and the link state."""
+    """SSE chunks of /v1/chat/completions: content deltas, the first one with the role (as
+    vLLM sends it: role and first text together, so a client's TTFT is the first token's; a
+    request waiting for a pool slot sends nothing), a chunk with finish_reason and the `tandem`
+    stats, then (include_usage) a usage chunk with no choices. Content chunks carry a
+    TandemDelta: verified or not, and the link state."""
     cid, created = new_id("chatcmpl"), int(time.time())
+    role: str | None = "assistant"  # in the first chunk only
 
     def chunk(choices: list[ChatChunkChoice], **extra) -> bytes:
         return sse.event(ChatCompletionChunk(id=cid, created=created, model=model, choices=choices, **extra))
 
-    yield chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])
     async for item in _guarded(stream):
         if isinstance(item, ApiError):
             yield sse.event(item.body())
             break
         if isinstance(item, TextDelta):
-            yield chunk([ChatChunkChoice(delta=ChatDelta(content=item.text))],
+            yield chunk([ChatChunkChoice(delta=ChatDelta(role=role, content=item.text))],
                         tandem=delta_stats(item),
                         usage=usage_so_far(stream, item) if continuous_usage else None)
+            role = None
             continue
+        if role is not None:  # no text at all (an eos first): the role still comes first
+            yield chunk([ChatChunkChoice(delta=ChatDelta(role=role, content=""))])
         yield chunk([ChatChunkChoice(delta=ChatDelta(), finish_reason=item.finish_reason)], tandem=item.stats)
         if include_usage:
             yield chunk([], usage=usage(item))
         if on_done is not None:
-            on_done(item.completion_tokens)
+            on_done([item])
     yield sse.DONE
 
 
