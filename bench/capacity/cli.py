@@ -75,6 +75,11 @@ def add_parser(sub) -> None:
     p.add_argument("--json", type=Path, default=None, help=f"results (default {DEFAULT_OUT}/capacity.json)")
     p.add_argument("--plots", type=Path, default=None, help=f"PNG directory (default {DEFAULT_OUT})")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--paper", nargs=argparse.REMAINDER, default=None,
+                   metavar="SURFACE.json [OPTIONS]",
+                   help="no sweep: the users a verifier with this pass-cost surface holds, on "
+                        "paper, from a run's measured inputs (`--paper -h`: bench/capacity/"
+                        "paper_cli.py); the rest of the command line is its options")
     p.set_defaults(run=run)
 
 
@@ -102,6 +107,9 @@ def _channel_path(name: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.paper is not None:
+        from bench.capacity.paper_cli import main as paper
+        return paper(args.paper)
     from bench.matrix.config import BenchConfig, load_device
     from bench.capacity.report import (capacities, capacity_table, cost_table, rows_table,
                                        summary_table, write_json, write_plots)

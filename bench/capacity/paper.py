@@ -1,0 +1,183 @@
+"""Users per verifier on paper: a closed-loop model of N users against one verifier whose passes
+cost what a pass-cost surface says (bench/passcost/surface.py), with the users' own measured
+behaviour (tokens a round buys, time a round spends off the verifier: drafting and the link).
+
+Each user alternates time off the verifier (z: drafting k tokens and the round trip; 0 for a
+cloud run, whose next token is generated in the very next pass) and a round in the verifier.
+The verifier runs passes of the rounds waiting (at most max_batch), back to back when busy; a
+pass of B sessions feeding n tokens each costs
+
+    S(B, n) = surface(B, n, context) + engine.pass_ms + engine.job_ms * B
+
+(the engine's CPU work around the forward pass: batching, the acceptance test, messages), and
+the prompts that arrive meanwhile take passes of their own (the batcher never mixes prompts
+with rounds). For rounds, the cycle C of the mean user solves, with lambda = N / C rounds/s,
+B = clamp(lambda * D, 1, max_batch), D = S(B, n) + the prompts' share, busy share rho =
+lambda * D / B:
+
+    C = z + R,  R = (1 - rho) * window + rho * D / 2 + S(B, n)    (or N * D / max_batch past
+                                                                  the verifier's throughput)
+
+and a user's TPOT is (z_q + R) / tau at its own z quantile q. Cloud runs: every user is in every
+pass (or every N / max_batch-th), TPOT = N / B * D + the link's jitter. A configuration holds N
+users when TPOT p90 <= the TPOT SLO and TTFT p90 <= the TTFT SLO (about >= 90% good requests,
+bench/capacity/stats.py); KV memory is a second bound (sessions whose K/V fit the device).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bench.passcost.surface import Surface
+
+MAX_USERS = 1 << 16
+QUANTILES = ("p50", "p90")
+
+
+@dataclass
+class Engine:
+    """The verifier around its forward passes."""
+    pass_ms: float = 0.0       # CPU work per pass beyond the forward (batcher, test, messages)
+    job_ms: float = 0.0        # and per session in the pass
+    window_ms: float = 2.0     # batch.window_ms: an idle verifier waits this long to gather
+    max_batch: int = 64        # batch.max_batch
+
+
+@dataclass
+class Workload:
+    prompt_tokens: float = 60.0  # a request's prompt (the held-out prompts: 35-82)
+    max_tokens: int = 48         # tokens a request generates
+    context: float | None = None  # positions per session the passes see (None: prompt + half)
+    kv_context: float | None = None  # positions per session the K/V bound charges (None:
+                                     # prompt + max_tokens)
+
+    def pass_context(self) -> float:
+        return self.context or self.prompt_tokens + self.max_tokens / 2
+
+    def kv_positions(self) -> float:
+        return self.kv_context or self.prompt_tokens + self.max_tokens
+
+
+@dataclass
+class UserMode:
+    """One way every user runs: k = 0 cloud runs, else rounds of k drafted tokens."""
+    name: str
+    k: int
+    tau: float                # tokens committed per round (1: a cloud run's token per pass)
+    z_s: dict[str, float]     # quantile -> time off the verifier per round (cloud: jitter), s
+    ttft_link_s: float = 0.0  # TTFT p90 less the verifier's part (open round trip, prefill)
+
+
+@dataclass
+class Load:
+    users: int
+    batch: float       # sessions per round pass
+    pass_ms: float     # S: one round pass, engine included
+    period_ms: float   # D: a round pass and its share of prompt passes
+    response_ms: float  # R: a round's time in the verifier (wait, pass)
+    busy: float        # the verifier's busy share
+    tpot_s: dict[str, float] = field(default_factory=dict)
+    ttft_p90_s: float = 0.0
+    engine_share: float = 0.0  # of a round pass, the engine's CPU work
+
+
+class Model:
+    def __init__(self, surface: Surface, engine: Engine, workload: Workload) -> None:
+        self.surface, self.engine, self.workload = surface, engine, workload
+        self._forward: dict[tuple, float] = {}  # the surface, read at rounded points, memoised
+
+    def pass_ms(self, batch: float, tokens: float, context: float | None = None) -> float:
+        key = (round(batch, 2), tokens, round(context or self.workload.pass_context(), 1))
+        if key not in self._forward:
+            self._forward[key] = self.surface.pass_ms(*key)
+        return self._forward[key] + self.engine.pass_ms + self.engine.job_ms * batch
+
+    def _period(self, batch: float, tokens: int, prompts_per_s: float) -> tuple[float, float]:
+        """(S, D): a round pass and the pass period with the prompts' passes (prompts that
+        arrive during a period gather into one pass of their own)."""
+        pass_ms = self.pass_ms(batch, tokens)
+        plen = self.workload.prompt_tokens
+        period = pass_ms
+        for _ in range(4):
+            m = prompts_per_s * period / 1000.0
+            prompt = self.pass_ms(max(m, 1.0), plen, plen) * min(m, 1.0)
+            period = pass_ms + prompt
+        return pass_ms, period
+
+    def load(self, option: UserMode, users: int) -> Load:
+        if option.k == 0:
+            return self._cloud_runs(option, users)
+        return self._rounds(option, users)
+
+    def _cloud_runs(self, option: UserMode, users: int) -> Load:
+        batch = float(min(users, self.engine.max_batch))
+        waves = users / batch
+        prompts_per_s = 0.0
+        for _ in range(4):
+            pass_ms, period = self._period(batch, 1, prompts_per_s)
+            cycle = waves * period
+            prompts_per_s = users / (cycle / 1000.0) / self.workload.max_tokens
+        return self._finish(option, users, batch, pass_ms, period, cycle, cycle, 1.0)
+
+    def _rounds(self, option: UserMode, users: int) -> Load:
+        tokens, z_ms = option.k + 1, option.z_s["p50"] * 1000.0
+        cap = float(min(users, self.engine.max_batch))
+
+        def state(cycle: float) -> tuple[float, float, float, float, float]:
+            rate = users / cycle * 1000.0                     # rounds per second
+            prompts = rate * option.tau / self.workload.max_tokens
+            batch = 1.0
+            for _ in range(6):  # sessions a pass gathers: the rounds arriving in its period
+                batch = min(max(rate * self._period(batch, tokens, prompts)[1] / 1000.0, 1.0),
+                            cap)
+            pass_ms, period = self._period(batch, tokens, prompts)
+            busy = min(rate * period / 1000.0 / batch, 1.0)
+            response = (1 - busy) * self.engine.window_ms + busy * period / 2 + pass_ms
+            floor = users * period / cap                      # past the verifier's throughput
+            return max(z_ms + response, floor), batch, pass_ms, period, busy
+
+        low, high = z_ms + self.pass_ms(1, tokens), 1e7
+        for _ in range(40):
+            middle = (low + high) / 2
+            if state(middle)[0] > middle:
+                low = middle
+            else:
+                high = middle
+        cycle, batch, pass_ms, period, busy = state(high)
+        return self._finish(option, users, batch, pass_ms, period, cycle - z_ms, cycle, busy)
+
+    def _finish(self, option: UserMode, users: int, batch: float, pass_ms: float, period: float,
+                response: float, cycle: float, busy: float) -> Load:
+        tpot = {q: max((z * 1000.0 + response) / option.tau, 0.0) / 1000.0
+                for q, z in option.z_s.items()}
+        verifier = busy * period / 2 + period + response
+        engine = self.engine.pass_ms + self.engine.job_ms * batch
+        return Load(users, batch, pass_ms, period, response, busy, tpot,
+                    option.ttft_link_s + verifier / 1000.0, engine / pass_ms if pass_ms else 0.0)
+
+    def verifier_ttft_s(self, option: UserMode) -> float:
+        """The verifier's part of an unloaded TTFT (what ttft_link_s excludes)."""
+        one = self.load(option, 1)
+        return one.ttft_p90_s - option.ttft_link_s
+
+    def meets(self, option: UserMode, users: int, tpot_slo_s: float, ttft_slo_s: float) -> bool:
+        load = self.load(option, users)
+        return load.tpot_s["p90"] <= tpot_slo_s and load.ttft_p90_s <= ttft_slo_s
+
+    def capacity(self, option: UserMode, tpot_slo_s: float, ttft_slo_s: float = 1.0) -> int:
+        """The most users meeting both SLOs (TPOT grows with N: a binary search)."""
+        if not self.meets(option, 1, tpot_slo_s, ttft_slo_s):
+            return 0
+        low, high = 1, 2
+        while high < MAX_USERS and self.meets(option, high, tpot_slo_s, ttft_slo_s):
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.meets(option, middle, tpot_slo_s, ttft_slo_s):
+                low = middle
+            else:
+                high = middle
+        return low
+
+    def kv_users(self) -> int | None:
+        """Sessions whose K/V fit the device's memory at the workload's context."""
+        return self.surface.kv_sessions(int(self.workload.kv_positions()))

@@ -1,0 +1,83 @@
+"""`tandem pass-cost`'s table and plot."""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from bench.passcost.surface import Surface
+
+PROBE_BATCH = 8   # the verifier's own probe: 8 sessions at 64 positions (cloud/runtime/target.py)
+
+
+def surface_table(surface: Surface, probes: list[float] = ()) -> str:
+    batches, tokens, contexts = surface.grid()
+    lines = [f"{surface.model} on {surface.device} ({surface.dtype}); {surface.source}"]
+    for context in contexts:
+        lines += ["", f"context {context}: pass ms (median [min, max]) by tokens per session; "
+                      f"step = the 1-token pass / B; c = what a fed position adds; position "
+                      f"cost = c / step",
+                  "| B | " + " | ".join(f"n={n}" for n in tokens)
+                  + " | step ms | c ms | position cost |",
+                  "|" + "---:|" * (len(tokens) + 4)]
+        for batch in batches:
+            at = {p.tokens: p for p in surface.points if (p.batch, p.context) == (batch, context)}
+            if not at:
+                continue
+            cells = [f"{at[n].ms:.2f} [{at[n].ms_min:.2f}, {at[n].ms_max:.2f}]" if n in at
+                     else "-" for n in tokens]
+            lines.append(f"| {batch} | " + " | ".join(cells) +
+                         f" | {surface.step_ms(batch, context):.3f} | "
+                         f"{surface.position_ms(batch, context):.4f} | "
+                         f"{surface.position_cost(batch, context):.3f} |")
+    lines += ["", f"KV bytes per token: {surface.kv_bytes_per_token}; memory for K/V "
+                  f"(free after loading, less a reserve): "
+                  + ("unknown" if surface.kv_room_bytes is None
+                     else f"{surface.kv_room_bytes / 2**30:.1f} GiB")]
+    for context in sorted({*contexts, 4096}):
+        held = surface.kv_sessions(context)
+        if held is not None:
+            lines.append(f"  context {context}: K/V for {held} sessions")
+    if probes and surface.points:
+        context = contexts[0]
+        lines += ["", f"c at B = {PROBE_BATCH}, context {context}, from the surface: "
+                      f"{surface.position_ms(PROBE_BATCH, context):.4f} ms; the verifier's probe "
+                      f"(TargetRuntime.position_ms) here: median {statistics.median(probes):.4f} "
+                      f"[{min(probes):.4f}, {max(probes):.4f}] over {len(probes)}"]
+    lines += [f"skipped: {s}" for s in surface.skipped]
+    return "\n".join(lines)
+
+
+def write_plot(surface: Surface, path: Path) -> Path:
+    """Per context: pass ms against B (one line per tokens per session), and the position cost
+    (c / step) against B."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches, tokens, contexts = surface.grid()
+    fig, axes = plt.subplots(2, len(contexts), figsize=(5.5 * len(contexts), 7.5), squeeze=False)
+    for col, context in enumerate(contexts):
+        time_ax, cost_ax = axes[0][col], axes[1][col]
+        for n in tokens:
+            mine = sorted((p for p in surface.points if (p.tokens, p.context) == (n, context)),
+                          key=lambda p: p.batch)
+            if mine:
+                time_ax.errorbar([p.batch for p in mine], [p.ms for p in mine],
+                                 yerr=[[p.ms - p.ms_min for p in mine],
+                                       [p.ms_max - p.ms for p in mine]],
+                                 marker="o", capsize=2, label=f"{n} token(s)/session")
+        have = [b for b in batches if any((p.batch, p.context) == (b, context)
+                                          for p in surface.points)]
+        cost_ax.plot(have, [surface.position_cost(b, context) for b in have], marker="o")
+        time_ax.set(title=f"{surface.model}, context {context}", xscale="log", yscale="log",
+                    xlabel="sessions in the pass B", ylabel="pass ms (median, min-max)")
+        cost_ax.set(xscale="log", xlabel="sessions in the pass B",
+                    ylabel="position cost c / step (1-token sessions)")
+        time_ax.grid(True, which="both", alpha=0.3)
+        cost_ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"Verify pass cost: {surface.model} on {surface.device} ({surface.dtype})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

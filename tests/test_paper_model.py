@@ -1,0 +1,94 @@
+"""The pass-cost surface's reading (bench/passcost/surface.py) and the on-paper users-per-verifier
+model (bench/capacity/paper.py): interpolation, the published curve, the model's closed-loop
+arithmetic at its limits, its calibration on unloaded rows, and the KV bound."""
+from __future__ import annotations
+
+import pytest
+
+from bench.capacity.paper import Engine, Model, UserMode, Workload
+from bench.capacity.paper_inputs import options_for
+from bench.passcost.surface import PassPoint, Surface
+
+pytestmark = pytest.mark.unit
+
+FIXED, PER_SESSION, PER_POSITION = 4.0, 0.3, 0.1   # ms: a synthetic device
+
+
+def _affine(kv_room: int | None = None) -> Surface:
+    """A measured-looking grid of an affine device: a + b B + c B n ms."""
+    points = [PassPoint(b, n, ctx, FIXED + PER_SESSION * b + PER_POSITION * b * n, 0, 0, 1)
+              for b in (1, 2, 4, 8, 16, 32, 64) for n in (1, 2, 4, 8) for ctx in (64, 256)]
+    return Surface("synthetic", "test", "affine", "float32", 1000, kv_room, points)
+
+
+def test_the_surface_reads_its_points_and_what_lies_between_and_beyond():
+    s = _affine()
+    assert s.pass_ms(8, 4, 64) == pytest.approx(4.0 + 2.4 + 3.2)
+    assert s.pass_ms(12, 3, 160) == pytest.approx(4.0 + 3.6 + 3.6)        # between
+    assert s.pass_ms(128, 1, 256) == pytest.approx(4.0 + 38.4 + 12.8)     # past the largest B
+    assert s.pass_ms(1, 60, 64) == pytest.approx(4.0 + 0.3 + 6.0)         # a prompt's pass
+    assert s.position_ms(16, 64) == pytest.approx(PER_POSITION)
+    step = (FIXED + (PER_SESSION + PER_POSITION) * 16) / 16
+    assert s.position_cost(16, 64) == pytest.approx(PER_POSITION / step)
+
+
+def test_a_published_curve_adds_the_kv_its_sessions_read():
+    s = Surface("published", "H100", "7b", "bfloat16", 131072, None,
+                total_tokens=[[1, 5.7], [128, 5.7], [256, 9.3]], kv_read_gb_s=2000.0)
+    assert s.pass_ms(64, 2, 0) == pytest.approx(5.7)
+    assert s.pass_ms(64, 3, 0) == pytest.approx(5.7 + 3.6 * 64 / 128)
+    assert s.pass_ms(64, 2, 1000) == pytest.approx(5.7 + 64 * 1000 * 131072 / 2e9)
+
+
+def test_cloud_runs_put_every_user_in_every_pass():
+    model = Model(_affine(), Engine(max_batch=64), Workload(prompt_tokens=1, max_tokens=10**9))
+    cloud = UserMode("cloud-only", 0, 1.0, {"p50": 0.0, "p90": 0.002})
+    load = model.load(cloud, 32)
+    assert load.batch == 32
+    assert load.tpot_s["p50"] == pytest.approx(model.pass_ms(32, 1) / 1000, rel=1e-3)
+    assert load.tpot_s["p90"] == pytest.approx(load.tpot_s["p50"] + 0.002, rel=1e-3)
+    # past max_batch every user waits its turn: N / max_batch passes a token
+    assert model.load(cloud, 128).tpot_s["p50"] == pytest.approx(
+        2 * model.pass_ms(64, 1) / 1000, rel=1e-2)
+
+
+def test_one_user_drafting_costs_its_drafting_its_link_and_one_pass():
+    engine = Engine(pass_ms=1.0, job_ms=0.5, window_ms=2.0, max_batch=64)
+    model = Model(_affine(), engine, Workload(prompt_tokens=1, max_tokens=10**9))
+    k4 = UserMode("fixed-k4", 4, 3.0, {"p50": 0.05, "p90": 0.08})
+    one = model.load(k4, 1)
+    pass_ms = FIXED + PER_SESSION + PER_POSITION * 5 + 1.5
+    assert one.pass_ms == pytest.approx(pass_ms, rel=1e-6)
+    assert one.busy < 0.2
+    assert one.tpot_s["p50"] * 1000 == pytest.approx((50 + 2 + pass_ms) / 3, rel=0.05)
+    tpots = [model.load(k4, n).tpot_s["p90"] for n in (1, 4, 16, 64, 256)]
+    assert tpots == sorted(tpots)
+    cap = model.capacity(k4, 0.1)
+    assert model.meets(k4, cap, 0.1, 1.0) and not model.meets(k4, cap + 1, 0.1, 1.0)
+
+
+def test_the_kv_bound_and_a_link_that_misses_alone():
+    model = Model(_affine(kv_room=1000 * 100 * 20), Engine(), Workload(60, 40))
+    assert model.kv_users() == 20
+    slow = UserMode("fixed-k4", 4, 2.0, {"p50": 0.3, "p90": 0.4})
+    assert model.capacity(slow, 0.1) == 0
+
+
+def test_calibration_reproduces_the_unloaded_rows():
+    """z is read off a cell's N = 1 rows, so the model gives back their TPOT p50 and p90."""
+    model = Model(_affine(), Engine(pass_ms=1.0, job_ms=0.2), Workload())
+    rows = [dict(channel="lte", device="phone", config="cloud-only", users=1, tpot_p50_s=0.008,
+                 tpot_p90_s=0.011, ttft_p90_s=0.3, passes_per_token=1.0),
+            dict(channel="lte", device="phone", config="fixed-k4", users=1, tpot_p50_s=0.06,
+                 tpot_p90_s=0.085, ttft_p90_s=0.4, passes_per_token=0.3)]
+    known = {"tau_by_k": {"1": 1.75, "4": 2.94, "8": 3.67}, "draft_tok_s": {"phone": 40.0}}
+    options = {o.name: o for o in options_for(model, rows, ("lte", "phone"), [1, 4, 8], known)}
+    for name, row in (("cloud-only", rows[0]), ("fixed-k4", rows[1])):
+        load = model.load(options[name], 1)
+        assert load.tpot_s["p50"] == pytest.approx(row["tpot_p50_s"], rel=1e-3)
+        assert load.tpot_s["p90"] == pytest.approx(row["tpot_p90_s"], rel=1e-3)
+        assert load.ttft_p90_s == pytest.approx(row["ttft_p90_s"], rel=1e-3)
+    k4, k8 = options["fixed-k4"], options["fixed-k8"]
+    assert k4.tau == pytest.approx(1 / 0.3)
+    assert k8.z_s["p50"] == pytest.approx(k4.z_s["p50"] + 4 / 40.0)
+    assert k8.tau == pytest.approx(1 + (3.67 - 1) * (1 / 0.3 - 1) / (2.94 - 1))
