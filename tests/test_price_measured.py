@@ -81,3 +81,22 @@ def test_the_measured_cost_of_each_option():
     cost = measured(1.25)
     assert cost(Option("cloud", 16.0, 0.3, 16.0, n=16)) == 1.0
     assert cost(Option("speculate", 3.0, 0.2, 1.0, k=4)) == 1.25
+
+
+def test_new_prompts_are_measured_less_while_speculation_reads_dearer():
+    """A new prompt's text is measured with speculative blocks every time, but while the
+    verifier measures speculation dearer under a price only one prompt in
+    DEARER_NEW_TEXT_EVERY (enough rounds to keep the figures current)."""
+    from edge.control.policy import RoundView
+    from edge.control.pricing import DEARER_NEW_TEXT_EVERY, PriceResponse
+
+    def measured_prompts(price, token_ms, prompts=4 * DEARER_NEW_TEXT_EVERY):
+        pricing = PriceResponse(10.0, random.Random(0))
+        view = RoundView(round=0, generated=0, remaining=48, max_k=16, link_state="up",
+                         sampling=False, history=[], price=price, token_ms=token_ms)
+        return sum(pricing.measures_new_text(view) for _ in range(prompts))
+
+    assert measured_prompts(1.0, PHONE_DEARER) == 4
+    assert measured_prompts(0.0, PHONE_DEARER) == 4 * DEARER_NEW_TEXT_EVERY
+    assert measured_prompts(1.0, LAPTOP_CHEAPER) == 4 * DEARER_NEW_TEXT_EVERY
+    assert measured_prompts(1.0, (None, None)) == 4 * DEARER_NEW_TEXT_EVERY

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 import grpc
@@ -157,7 +157,7 @@ class ServerGroup:
         readings = [s.token_totals() for s in self.servers]
         if not readings or any(r is None for r in readings):
             return None
-        return TokenTotals(*(sum(values) for values in zip(*readings)))
+        return TokenTotals(*(sum(values) for values in zip(*map(astuple, readings))))
 
     def prices(self) -> tuple[float, float | None] | None:
         """(the price, the position cost) the verifiers say now, means over them (position

@@ -69,6 +69,8 @@ POSITION_COST = 0.15  # a pass's cost grows by this share of a 1-token step per 
                       # blocks whose passes cost more than they save
 PRICE_JITTER = 0.3    # each controller's exponent is scaled by a draw in 1 -/+ this
 STAY_BONUS = 1.1      # the kind of round running now wins ties within this factor
+DEARER_NEW_TEXT_EVERY = 4  # speculation measured dearer under a price: one new prompt in this
+                           # many is measured with speculative blocks (edge/control/adaptive.py)
 
 Score = Callable[[Option], float]
 Cost = Callable[[Option], float]  # the verifier's work per committed token, in cloud tokens
@@ -80,6 +82,15 @@ class PriceResponse:
     def __init__(self, min_tokens_per_s: float, rng: random.Random | None = None) -> None:
         self.min_tokens_per_s = min_tokens_per_s  # client.min_tokens_per_s
         self.jitter = 1.0 + PRICE_JITTER * (2.0 * (rng or random.Random()).random() - 1.0)
+        self.generations = 0  # new prompts seen (measures_new_text)
+
+    def measures_new_text(self, view: RoundView) -> bool:
+        """At a new prompt (view.round 0): whether to measure its text with speculative blocks.
+        Always, but while the verifier measures speculation dearer under a price only one
+        prompt in DEARER_NEW_TEXT_EVERY: its rate would not change the choice (the cloud), and
+        those rounds still keep the measured figures current."""
+        self.generations += 1
+        return not measured_dearer(view) or self.generations % DEARER_NEW_TEXT_EVERY == 1
 
     def choose(self, costs: RoundCosts, view: RoundView, specs: list[Option],
                cloud: Option | None, base: Score, running: str | None
