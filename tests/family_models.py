@@ -59,9 +59,12 @@ SIZES = {
 }
 
 
-def family_config(family: str, vocab_size: int):
+def family_config(family: str, vocab_size: int, head_dim: int = HEAD_DIM):
     config = AutoConfig.for_model(family)
-    for names, value in SIZES.items():
+    sizes = SIZES if head_dim == HEAD_DIM else {
+        **SIZES, ("hidden_size", "n_embd", "d_model", "word_embed_proj_dim"): HEADS * head_dim,
+        ("intermediate_size", "n_inner", "ffn_dim"): 2 * HEADS * head_dim, ("head_dim",): head_dim}
+    for names, value in sizes.items():
         for name in names:
             if hasattr(config, name):
                 _set(config, name, value)
@@ -90,15 +93,17 @@ def _set(config, name: str, value) -> None:
         pass
 
 
-def build_family(family: str, tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
-    """Save a tiny random `family` target with the tokenizer at out/family; returns the dir."""
-    target = out / family
+def build_family(family: str, tokenizer_dir: Path, out: Path, seed: int = 0,
+                 head_dim: int = HEAD_DIM) -> Path:
+    """Save a tiny random `family` target with the tokenizer at out/family (head_dim: what
+    vLLM's CPU kernels need, 64, where the torch tests keep 16); returns the dir."""
+    target = out / (family if head_dim == HEAD_DIM else f"{family}-hd{head_dim}")
     if (target / "config.json").is_file():
         return target
     from transformers import AutoTokenizer
     vocab_size = len(AutoTokenizer.from_pretrained(tokenizer_dir))
     torch.manual_seed(seed)
-    config = family_config(family, vocab_size)
+    config = family_config(family, vocab_size, head_dim)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     # Random init is near uniform; a wider spread gives greedy margins a real shape.
     with torch.no_grad():
