@@ -1,7 +1,8 @@
-"""The conformance table on the vLLM backend, for the families vLLM's CPU build runs: a windowed
-(mistral) and a softcapped (gemma2) target at head_dim 64 served by `.venv-vllm/bin/tandem-cloud
-serve --set model.backend=vllm`, four concurrent edge clients, greedy output equal to
-transformers' `generate` of the target alone. The rest of the table (tests/
+"""The conformance table on the vLLM backend, for the families vLLM's CPU build runs: a gemma2
+target (sliding-window layers and attention softcapping) at head_dim 64 served by
+`.venv-vllm/bin/tandem-cloud serve --set model.backend=vllm`, four concurrent edge clients,
+greedy output equal to transformers' `generate` of the target alone (mistral passed the same
+test, 4/4, when run by hand: add it to the parametrize list). The rest of the table (tests/
 test_family_conformance.py) is the torch backend's: vLLM's engine start (~40-70 s here) per
 family would cost the suite minutes. A head_dim vLLM's CPU attention has no kernel for is refused
 in one line before the engine starts."""
@@ -33,7 +34,7 @@ def families(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("vllm-families")
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+@pytest.mark.parametrize("family", ["gemma2"])  # windowed layers and a softcap, one engine
 def test_vllm_serves_the_family_exactly(family, families, prompt_ids, draft_dir, gguf_path,
                                         onnx_path):
     model_dir = build_family(family, ROOT / "models/tokenizer", families, head_dim=64)
