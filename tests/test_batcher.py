@@ -14,6 +14,8 @@ from cloud.errors import Unavailable
 from cloud.runtime.target import TargetRuntime
 from verifier_harness import TEST_DEVICE
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 
 @pytest.fixture(scope="module")
 def runtime(target_dir) -> TargetRuntime:

@@ -5,11 +5,14 @@ and checks what its report must hold; the full runs are in bench/README.md and
 docs/verifier-bench.md."""
 from __future__ import annotations
 
+import pytest
 import json
 
 import torch
 
 from bench import ladder, verifier
+
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
 
 torch.set_num_threads(1)
 

@@ -15,6 +15,8 @@ import yaml
 from bench.matrix.results import ROW_FIELDS
 from bench.cli import main
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 torch.set_num_threads(1)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

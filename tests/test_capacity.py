@@ -23,6 +23,8 @@ from edge.runtime.config import DraftConfig
 from edge.tokenizer import EdgeTokenizer
 from tandem.sampling import SamplingParams
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_TOKENS = 24

@@ -25,6 +25,8 @@ from bench.channel.link import DirectionLink, StreamClock
 from tandem.config import ConfigError
 from waiting import wait_for
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parents[1]
 CHANNELS = ROOT / "configs/channels"
 ATT_UP = "configs/channels/traces/ATT-LTE-driving-2016.up"

@@ -29,6 +29,8 @@ from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 from waiting import wait_for
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 TIMEOUT = 20.0  # seconds any wait may take before the test fails instead of hanging
 K = 4           # draft tokens per round
 

@@ -35,6 +35,8 @@ from tandem.sampling import SamplingParams, warp
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 60  # seconds any one call may take before the test fails instead of hanging
 

@@ -24,6 +24,8 @@ from tandem import metrics as formulas
 from tandem.config import ConfigError
 from tandem.sampling import SamplingParams
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 torch.set_num_threads(1)
 
 

@@ -18,6 +18,8 @@ from cloud.config import CloudConfig
 from edge.config import EdgeConfig
 from tandem.config import ConfigError, load_config, merge, parse_set_options
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

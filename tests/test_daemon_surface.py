@@ -29,6 +29,8 @@ from edge.daemon.server import DaemonThread, check_exposure, load_engine
 from edge.runtime import DraftConfig
 from tandem.config import ConfigError
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 torch.set_num_threads(1)
 
 MODEL = "tandem-draft"

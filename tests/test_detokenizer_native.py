@@ -12,6 +12,8 @@ import pytest
 from edge.daemon.detokenizer import IncrementalDetokenizer, NativeDetokenizer, make_detokenizer
 from edge.tokenizer import EdgeTokenizer
 
+pytestmark = pytest.mark.unit  # module-level tier (pyproject.toml)
+
 MULTIBYTE = ["héllo 中文 🙂 naïve café Ω≈ç√ 😀😃 ∑ 日本語のテキスト", "é" * 50, "🙂" * 30,
              "# -*- coding: utf-8 -*-\nprint('Grüße, мир, 世界')\n"]
 

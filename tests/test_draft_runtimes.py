@@ -20,6 +20,8 @@ from edge.runtime import ContextFull, DraftConfig, DraftRuntime, MissingBackend,
 from models.export.gguf import export_gguf
 from tandem.fingerprint import tokenizer_fingerprint
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ["llama.cpp", "onnxruntime", "torch"]
 EXPORTED = ["llama.cpp", "onnxruntime"]

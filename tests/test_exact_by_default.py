@@ -23,6 +23,8 @@ from edge.daemon.server import DaemonThread, load_engine
 from tandem.config import load_config, resolve_path
 from tandem.sampling import SamplingParams, warp
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 torch.set_num_threads(1)
 
 

@@ -25,6 +25,8 @@ from models.export import gguf as gguf_export
 from models.export import onnx as onnx_export
 from models.export.gguf import export_gguf, permute_for_rope
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 
 def gguf_field(reader: GGUFReader, key: str):
     return reader.fields[key].contents()

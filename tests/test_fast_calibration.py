@@ -23,6 +23,8 @@ from edge.fast_calibration import (BUCKETS, CONFIDENCE_EDGES, FastCalibration, M
 from edge.fast_mode import FastModeGate
 from edge.rounds import RoundRecord
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 
 def prior(rates: list[float], seen: float = 100.0) -> dict:
     """A prior entry with `seen` positions per bucket at these agreement rates."""

@@ -26,6 +26,8 @@ from edge.config import (CloudLinkConfig, ClientConfig, DaemonConfig, EdgeConfig
 from edge.daemon.server import DaemonThread, load_engine
 from edge.runtime import DraftConfig
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 torch.set_num_threads(1)
 
 NEW_TOKENS = 48

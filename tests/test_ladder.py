@@ -26,6 +26,8 @@ from edge.control.policy import DraftPolicy, Plan, RoundView
 from edge.runtime import DraftConfig, load_draft_runtime
 from tandem.sampling import SamplingParams, warp
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 torch.set_num_threads(1)
 
 NEW_TOKENS = 32

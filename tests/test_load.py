@@ -13,6 +13,8 @@ from bench.load import drive, peak_rss_mb, spawn_system, summarize
 from bench.workload import advertised_model, load_prompts
 from tandem.config import resolve_path
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 STREAMS = 16
 MAX_TOKENS = 16
 # Measured on the 2-core CI machine: verifier ~550 MB, daemon ~450 MB with 4 runtimes; each

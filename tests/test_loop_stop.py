@@ -4,6 +4,7 @@ at the round timeout or the next commit. Real draft runtime, real gRPC on loopba
 verifier is a fault injection (it opens sessions, then never answers a Draft)."""
 from __future__ import annotations
 
+import pytest
 import socket
 import threading
 from concurrent import futures
@@ -17,6 +18,8 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
 from edge.client import GenerationRequest
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
 
 torch.set_num_threads(1)
 

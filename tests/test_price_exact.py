@@ -30,6 +30,8 @@ from edge.control.adaptive import AdaptivePolicy
 from edge.control.policy import Plan, RoundView
 from tandem.sampling import SamplingParams
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 torch.set_num_threads(1)
 
 NEW_TOKENS = 48

@@ -29,6 +29,8 @@ from tandem.qcodec import CAP, MAX_CODED_BYTES_PER_TOKEN, WEIGHTS, QCodec, codec
 from tandem.sampling import SamplingParams, warp
 from tandem.v1 import decoding_pb2 as pb
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 PROFILE = settings(max_examples=200, deadline=None, derandomize=True,
                    suppress_health_check=[HealthCheck.too_slow])
 SHIPPED_FINGERPRINT = "sha256:a4d321229c99f72f2c3dc7f857405145"

@@ -14,6 +14,8 @@ import pytest
 from bench.failover import FailoverRun, run_failover, two_verifiers
 from bench.nginx import NGINX
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 STREAMS = 32
 MAX_TOKENS = 16
 PROMPT_CHARS = 300

@@ -4,9 +4,12 @@ Both reports are printed and written; both verifiers served jobs; the comparison
 crashed on a missing LoadReport field) is printed."""
 from __future__ import annotations
 
+import pytest
 import json
 
 from bench.cli import main
+
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
 
 STREAMS = 4
 

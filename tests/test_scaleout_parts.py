@@ -25,6 +25,8 @@ from edge.link.errors import FailureKind, classify
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parents[1]
 SESSIONS = [f"session-{i}" for i in range(24)]
 

@@ -188,3 +188,46 @@ def test_no_file_over_450_lines_but_the_schemas():
             if lines > MAX_FILE_LINES and relative not in SCHEMA_ONLY:
                 too_long.append(f"{relative} ({lines} lines)")
     assert not too_long, too_long
+
+
+# Every test file says its tier at module level, so `-m unit` and `-m e2e` between them run it.
+TIERS = ("unit", "e2e")
+
+
+def _module_tier(file: Path) -> str | None:
+    for node in ast.parse(file.read_text(), str(file)).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+            marks = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+            tiers = [mark.attr for mark in marks if isinstance(mark, ast.Attribute) and mark.attr in TIERS]
+            return tiers[0] if tiers else None
+    return None
+
+
+def test_every_test_file_is_tiered():
+    untiered = [file.relative_to(ROOT).as_posix() for file in sorted((ROOT / "tests").rglob("test_*.py"))
+                if _module_tier(file) is None]
+    assert not untiered, f"no module-level pytestmark = pytest.mark.unit or .e2e: {untiered}"
+
+
+# Long functions hide several jobs; the training scripts (models/train) are one-off recipes.
+MAX_FUNCTION_LINES = 80
+FUNCTION_EXEMPT = ("models/train", "tandem/v1")
+
+
+def long_functions(root: Path = ROOT) -> list[str]:
+    found = []
+    for package in NAMED_ONCE:
+        for file in sorted((root / package).rglob("*.py")):
+            relative = file.relative_to(root).as_posix()
+            if relative.startswith(FUNCTION_EXEMPT):
+                continue
+            for node in ast.walk(ast.parse(file.read_text(), str(file))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        found.append(f"{relative}:{node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_over_80_lines():
+    assert not long_functions(), long_functions()

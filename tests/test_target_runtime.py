@@ -12,6 +12,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from cloud.runtime.target import TargetRuntime
 from verifier_harness import TEST_DEVICE
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 # float32 rows of the same positions computed in differently shaped passes differ by rounding
 # alone: ~1e-6 here, but 1.05e-5 on CI's CPU (rollback then re-extend) and on an H200, whose
 # kernels change with the shape. A real cache error (a stale or shifted row) is ~0.1-1 apart.

@@ -19,6 +19,8 @@ from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 torch.set_num_threads(1)
 
 FIELDS = {"speculate_token_ms", "cloud_token_ms"}

@@ -40,6 +40,8 @@ from tandem.qcodec import codec_for
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 TIMEOUT = 30
 SESSION_METHOD = "/tandem.v1.Decoding/Session"
 LIMITS = {"max_draft_length": 8, "max_context": 64, "max_q_entries": 16}

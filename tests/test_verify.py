@@ -19,6 +19,8 @@ from tandem.qcodec import codec_for
 from tandem.sampling import SamplingParams, warp
 from tandem.v1 import decoding_pb2 as pb
 
+pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
+
 
 # --- a plain-Python reference of speculative rejection sampling ----------------------------------
 def reference_verify(draft: list[int], q: list[list[float]], p: list[list[float]],
