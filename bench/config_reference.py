@@ -13,8 +13,8 @@ from typing import get_args
 
 from pydantic import BaseModel
 
-from bench.channel.profile import ChannelProfile
-from bench.sim_config import SimConfig
+from sim.netem.profile import ChannelProfile
+from sim.config import SimConfig
 from cloud.config import CloudConfig
 from edge.config import EdgeConfig
 
@@ -23,7 +23,7 @@ SCHEMAS = [
     ("configs/cloud.yaml", "tandem-cloud serve", CloudConfig),
     ("configs/edge.yaml", "tandem-edge generate / serve", EdgeConfig),
     ("configs/sim.yaml", "tandem sim", SimConfig),
-    ("configs/channels/*.yaml", "channel profiles (bench.channel, tandem sim)", ChannelProfile),
+    ("configs/channels/*.yaml", "channel profiles (sim.netem, tandem sim)", ChannelProfile),
 ]
 
 

@@ -33,7 +33,8 @@ import httpx
 
 from bench.load import StreamStats, drive, spawn_system
 from bench.processes import ROOT, VerifierProcess, prometheus_values, several
-from bench.workload import RequestRecord, advertised_model, load_prompts
+from sim.workload import RequestRecord, advertised_model
+from tandem.prompts import load_prompts
 
 OPENS = "tandem_verifier_sessions_opened_total"
 PREFILL = "tandem_verifier_prefill_tokens_total"

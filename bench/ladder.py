@@ -5,8 +5,8 @@
                   [--sources code prose] [--fast-prompts 8] [--max-unverified-run 16]
                   [--json PATH] [--plot PATH] [--markdown]
 
-One in-process verifier (cloud.server on 127.0.0.1, the shipped target), a channel emulator in
-front of it per channel profile (bench.channel.ChannelProxy), and the edge's two local models
+One in-process verifier (cloud.server on 127.0.0.1, the shipped target), a link emulator in
+front of it per channel profile (sim.netem.ChannelProxy), and the edge's two local models
 (tandem-draft and tandem-small, llama.cpp, one thread) throttled per device profile like
 `tandem bench` does (bench/matrix/device.py). Greedy, eos ignored, the same held-out prompts for
 every configuration.
@@ -21,7 +21,7 @@ Lossless (every token verified; output must equal the target's own greedy output
      token grows with the weights it reads).
 
 Fast mode (mode fast held to a stated agreement, edge/fast_mode.py; one channel and device):
-per prompt source (bench/prompt_sources.py: held-out code, and prose from the held-out files'
+per prompt source (tandem/prompts.py: held-out code, and prose from the held-out files'
 docstrings and comments; the eval files, which the calibration prior was not fitted on) and per
 min_agreement A (a fresh client each: its calibration starts from the shipped prior and learns
 over the sources in turn):
@@ -49,10 +49,9 @@ from safetensors import safe_open
 from bench.matrix.config import BenchConfig, DeviceSpec, load_device
 from bench.matrix.device import ThrottledDraft, joules
 from bench.matrix.oracle import target_greedy
-from bench.channel import ChannelProfile, ChannelProxy
-from bench.channel.profile import load_profile
-from bench.prompt_sources import SOURCES, load_source
-from bench.workload import load_prompts
+from sim.netem import ChannelProfile, ChannelProxy
+from sim.netem.profile import load_profile
+from tandem.prompts import SOURCES, load_prompts, load_source
 from cloud.config import CloudConfig
 from cloud.runtime.target import TargetRuntime
 from cloud.server import create_server
@@ -68,7 +67,7 @@ from tandem.config import load_config, merge, resolve_path
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = "small"
 LOSSLESS_CONFIGS = ("draft", "small", "switch")
-FAST_CONTEXT_TOKENS = 400  # a fast prompt's last tokens, as bench.fast_mode sends them
+FAST_CONTEXT_TOKENS = 400  # a fast prompt's last tokens, as bench.fast_mode_bench sends them
 
 
 @dataclass
@@ -408,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-agreements", type=float, nargs="+", default=[0.9, 0.95, 0.97],
                         help="fast mode: the requests' min_agreement, one point of the curve each")
     parser.add_argument("--sources", nargs="+", default=list(SOURCES), choices=list(SOURCES),
-                        help="fast mode: prompt sources (bench/prompt_sources.py, eval files)")
+                        help="fast mode: prompt sources (tandem/prompts.py, eval files)")
     parser.add_argument("--fast-prompts", type=int, default=16,
                         help="fast mode: prompts per source")
     parser.add_argument("--max-unverified-run", type=int, default=16,

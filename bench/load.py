@@ -40,7 +40,8 @@ import httpx
 
 from bench.processes import (ROOT, VerifierProcess, cloud_info, free_port, several,
                              stop_process, wait_until)
-from bench.workload import RequestRecord, _one, advertised_model, load_prompts
+from sim.workload import RequestRecord, _one, advertised_model
+from tandem.prompts import load_prompts
 from tandem import metrics
 
 

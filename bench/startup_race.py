@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from bench.load import ROOT, free_port, stop_process, wait_until
-from bench.workload import load_prompts
+from tandem.prompts import load_prompts
 from edge.daemon.responses import VERIFIED_FRACTION_HEADER
 
 PROMPTS = ROOT / "models/prompts/heldout.jsonl"

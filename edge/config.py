@@ -196,7 +196,7 @@ class FastModeConfig(Settings):
         "the entropy switch's fixed cut (entropy.fast_min_confidence) ends spans"))
     calibration_prior: Path | None = Field(Path("models/fast-calibration.json"), description=(
         "the shipped prior of P(target agrees | draft confidence) per local model "
-        "(models/train/fast_calibration.py); None = every model starts flat (verify all "
+        "(models/train/fit_fast_prior.py); None = every model starts flat (verify all "
         "until measured)"))
     prior_models: dict[str, str] = Field(
         default_factory=lambda: {"draft": "tandem-draft", "small": "tandem-small"},

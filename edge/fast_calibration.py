@@ -12,7 +12,7 @@ finer split than the few confident tokens the edge checks online could keep up t
 
 Per local model (and greedy / sampled apart) the calibration keeps decayed counts per bucket:
 `checked` and `agreed`. A shipped prior per model pair (models/fast-calibration.json, fitted by
-models/train/fast_calibration.py on other prompts than fast mode is benchmarked on) starts them,
+models/train/fit_fast_prior.py on other prompts than fast mode is benchmarked on) starts them,
 scaled to `prior_tokens` observations and decaying with every checked token exactly like the
 edge's own evidence (half of it after `half_life_tokens` checked tokens), so the edge's measure
 takes over. A bucket's agreement is its posterior mean, shrunk toward the model's pooled rate

@@ -120,7 +120,8 @@ send_prompts() {
     "$PY" - "$@" "$MAX_TOKENS" <<'EOF'
 import asyncio, json, os, sys
 from pathlib import Path
-from bench.workload import advertised_model, load_prompts, run_workload
+from sim.workload import advertised_model, run_workload
+from tandem.prompts import load_prompts
 url, out, count, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 key = os.environ["TANDEM_API_KEY"]
 prompts = load_prompts(Path("models/prompts/heldout.jsonl"), count)

@@ -45,3 +45,14 @@ def fail(prog: str, exc: BaseException, status: int = 2) -> int:
         message = f"{message}: {exc.filename}"
     print(f"{prog}: {message}", file=sys.stderr)
     return status
+
+
+def run_parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """Parse `argv` and run the chosen verb's `run(args)`; a config or file error is one line."""
+    from tandem.config import ConfigError  # pydantic: loaded once a verb runs, not for --help
+
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ConfigError, OSError) as exc:
+        return fail(parser.prog, exc)

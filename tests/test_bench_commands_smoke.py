@@ -1,6 +1,6 @@
 """Seconds-long smokes of the two benchmarks that have their own command: `tandem ladder`
 (bench/ladder.py: switching vs each local model alone, the fast-mode curve) and the verifier
-benchmark (bench/verifier.py, torch backend here). Each runs the real parts on a tiny workload
+benchmark (bench/verifier_bench.py, torch backend here). Each runs the real parts on a tiny workload
 and checks what its report must hold; the full runs are in bench/README.md and
 docs/verifier-bench.md."""
 from __future__ import annotations

@@ -19,7 +19,7 @@ from bench.matrix.units import Units
 from bench.matrix.report import format_goals, format_table
 from bench.matrix.results import ROW_FIELDS, GenerationSummary, agreement, rows_of, summarize
 from bench.matrix.stats import Interval, bootstrap, bootstrap_ratio, verdict, versus_one
-from bench.channel import load_profile
+from sim.netem import load_profile
 from edge.config import DeviceProfile
 from edge.control.policy import RoundView
 from edge.runtime.base import DraftRuntime

@@ -1,4 +1,4 @@
-"""`tandem bench` end to end on a seconds-long workload: the real verifier, channel emulators
+"""`tandem bench` end to end on a seconds-long workload: the real verifier, link emulators
 (one on a real LTE capacity trace from ../shared/traces, given as --held-out-trace and replayed
 from two offsets), a throttled phone-class draft and the edge clients, all on loopback; the
 table, goal ratios with their intervals and verdicts, JSON rows with the issue's fields and the
@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from bench.matrix.results import ROW_FIELDS
-from bench.cli import main
+from sim.cli import main
 
 pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
 

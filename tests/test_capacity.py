@@ -137,7 +137,7 @@ def test_capacity_smoke_sweeps_users_against_a_pinned_verifier(tmp_path):
     """The real command, seconds long: two configurations, 1 and 2 users on lan/laptop, spread
     over two verifier processes (both on core 0)."""
     out = tmp_path / "capacity.json"
-    command = [sys.executable, "-m", "bench.cli", "capacity", "--channel", "lan", "--device", "laptop",
+    command = [sys.executable, "-m", "sim.cli", "capacity", "--channel", "lan", "--device", "laptop",
                "--configs", "cloud-only,fixed-k4", "--users", "1,2", "--warmup-s", "1", "--window-s", "3",
                "--drain-s", "20", "--prompts", "2", "--max-tokens", "16", "--no-refine", "--verifiers", "2",
                "--json", str(out), "--plots", str(tmp_path)]
@@ -173,7 +173,7 @@ def test_capacity_smoke_serves_vllm_alone_through_the_same_links(tmp_path):
     user streaming OpenAI completions through its emulated link; output identical to the
     target's greedy references."""
     out = tmp_path / "capacity.json"
-    command = [sys.executable, "-m", "bench.cli", "capacity", "--channel", "lan", "--device", "laptop",
+    command = [sys.executable, "-m", "sim.cli", "capacity", "--channel", "lan", "--device", "laptop",
                "--configs", "vllm-alone", "--users", "1", "--warmup-s", "4", "--window-s", "3",
                "--drain-s", "20", "--prompts", "2", "--max-tokens", "16", "--json", str(out),
                "--plots", str(tmp_path)]

@@ -1,4 +1,4 @@
-"""The channel emulator: trace and link timing as pure functions, then the real proxy between real
+"""The link emulator: trace and link timing as pure functions, then the real proxy between real
 loopback sockets, checked against its profile (delay and throughput within 10%, jitter, loss
 stalls, outages) and against what the endpoints themselves counted; gRPC runs through it."""
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.channel import (PACKET_BYTES, ChannelProfile, ChannelProxy, LinkSpec, OutageWindow,
+from sim.netem import (PACKET_BYTES, ChannelProfile, ChannelProxy, LinkSpec, OutageWindow,
                            TraceError, load_profile, load_trace, parse_trace)
-from bench.channel.link import DirectionLink, StreamClock
+from sim.netem.link import DirectionLink, StreamClock
 from tandem.config import ConfigError
 from waiting import wait_for
 
@@ -554,7 +554,7 @@ def test_grpc_health_check_works_through_the_proxy():
     server.start()
     try:
         with ChannelProxy(profile(delay_ms=20.0), upstream=("127.0.0.1", port)) as proxy:
-            # No HTTP proxy from the environment: the channel emulator is the only thing between.
+            # No HTTP proxy from the environment: the link emulator is the only thing between.
             with grpc.insecure_channel("%s:%d" % proxy.address,
                                        options=[("grpc.enable_http_proxy", 0)]) as channel:
                 stub = health_pb2_grpc.HealthStub(channel)
@@ -571,7 +571,7 @@ def test_grpc_health_check_works_through_the_proxy():
 
 
 def test_cli_relays_prints_stats_and_stops_on_sigterm(echo_server):
-    command = [sys.executable, "-m", "bench.channel", "--profile", str(CHANNELS / "lan.yaml"),
+    command = [sys.executable, "-m", "sim.netem", "--profile", str(CHANNELS / "lan.yaml"),
                "--listen", "127.0.0.1:0", "--upstream", "%s:%d" % echo_server.address,
                "--stats-every", "0.2"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT,
@@ -597,7 +597,7 @@ def test_cli_relays_prints_stats_and_stops_on_sigterm(echo_server):
 def test_cli_reports_a_bad_profile(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nrate: 3\n")
-    proc = subprocess.run([sys.executable, "-m", "bench.channel", "--profile", str(bad),
+    proc = subprocess.run([sys.executable, "-m", "sim.netem", "--profile", str(bad),
                            "--upstream", "127.0.0.1:1"], capture_output=True, text=True, cwd=ROOT,
                           timeout=TIMEOUT_S)
     assert proc.returncode == 2 and "rate" in proc.stderr

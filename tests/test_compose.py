@@ -64,7 +64,7 @@ def test_services_are_wired_cloud_channel_edge(services):
 
 
 def test_the_channel_profile_is_chosen_by_name(services):
-    from bench.channel import load_profile
+    from sim.netem import load_profile
 
     def profile_of(channel: dict) -> str:
         return load_profile(ROOT / channel["command"][channel["command"].index("--profile") + 1]).name
@@ -81,11 +81,11 @@ def test_the_api_key_is_required():
 
 
 def test_commands_are_accepted_by_the_project_clis(services):
-    from bench.channel.__main__ import build_parser as channel_parser
-    from bench.cli import build_parser as tandem_parser
+    from sim.netem.__main__ import build_parser as channel_parser
+    from sim.cli import build_parser as tandem_parser
 
     channel = services["channel"]["command"]
-    assert channel[:3] == ["python", "-m", "bench.channel"]
+    assert channel[:3] == ["python", "-m", "sim.netem"]
     args = channel_parser().parse_args(channel[3:])
     assert args.listen == ("0.0.0.0", 50052) and args.upstream == ("cloud", 50051)
     loadgen = services["loadgen"]["command"]

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from bench import config_reference
-from bench.channel.profile import ChannelProfile
-from bench.sim_config import SimConfig
+from sim.netem.profile import ChannelProfile
+from sim.config import SimConfig
 from cloud.config import CloudConfig
 from edge.config import EdgeConfig
 from tandem.config import ConfigError, load_config

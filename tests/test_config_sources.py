@@ -132,7 +132,7 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           env={**os.environ, **(env or {})})
 
 
-@pytest.mark.parametrize("module", ["edge.cli", "cloud.cli", "bench.cli"])
+@pytest.mark.parametrize("module", ["edge.cli", "cloud.cli", "sim.cli", "bench.cli"])
 def test_help_and_version_do_not_import_torch(module):
     for flag in ("--help", "--version"):
         result = run_cli("-m", module, flag)
@@ -163,7 +163,7 @@ def test_cli_errors_are_one_line(args, message):
 def test_sim_profiles_subset_and_unknown_profile(clean_env):
     """The README's `tandem sim --profiles lan,lte` loads with the shipped sim.yaml (its flaky
     overrides kept for later runs); an unknown profile is named, with the nearest one."""
-    from bench.sim_config import SimConfig
+    from sim.config import SimConfig
     config = load_config("configs/sim.yaml", SimConfig, {"profiles": ["lan", "lte"]},
                          env_prefix="TANDEM_SIM_")
     assert config.profiles == ("lan", "lte") and "flaky" in config.profile_overrides

@@ -14,7 +14,7 @@ from edge.config import AdaptiveConfig, ClientConfig, DeviceProfile
 from edge.control import FixedK, Plan, RoundView, make_policy, policy_names
 from edge.control.acceptance import AcceptanceEstimator
 from edge.control.adaptive import CLOUD_FAILED_RETRY_ROUNDS, CLOUD_RETRY_ROUNDS, AdaptivePolicy
-from edge.control.channel import ChannelEstimator
+from edge.control.link_estimate import ChannelEstimator
 from edge.control.costs import PREFILL_SPIKE_CAP
 from edge.control.options import CLOUD_SETTLED_RUN_S, EXPLORE_EVIDENCE, STALE_EVIDENCE_TOKENS
 from edge.record import RoundRecord

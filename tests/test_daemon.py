@@ -21,7 +21,7 @@ import torch
 import yaml
 from verifier_harness import edge_tokenizer, reference, start_verifier, target_runtime, verifier  # noqa: F401
 
-from bench.cli import main as loadgen_main
+from sim.cli import main as loadgen_main
 from edge.config import ClientConfig, CloudLinkConfig, DaemonConfig, EdgeConfig
 from edge.daemon.jobs import chat_prompt
 from edge.daemon.openai_schema import ChatMessageIn

@@ -120,7 +120,7 @@ def _made_by_the_scripts() -> set[str]:
 
 def _made_by_the_suite_and_sim() -> set[str]:
     """pytest's cache and bytecode, hypothesis' examples, and every output folder the code
-    names as a default (`tandem sim` writes bench/cli.py's DEFAULT_OUT, out/sim)."""
+    names as a default (`tandem sim` writes sim/cli.py's DEFAULT_OUT, out/sim)."""
     pytest_options = PYPROJECT["tool"]["pytest"]["ini_options"]
     made = {pytest_options.get("cache_dir", ".pytest_cache") + "/v/cache/nodeids"}
     if any(dep.startswith("hypothesis") for dep in PYPROJECT["project"]["optional-dependencies"]["test"]):

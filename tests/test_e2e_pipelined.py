@@ -17,7 +17,7 @@ from verifier_harness import channel_to, open_draft, start_verifier
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime, verifier)
 
-from bench.channel import ChannelProfile, ChannelProxy
+from sim.netem import ChannelProfile, ChannelProxy
 from edge.client import EdgeClient, GenerationRequest
 from edge.config import ClientConfig, DeviceProfile
 from edge.control.adaptive import AdaptivePolicy
@@ -92,7 +92,7 @@ THROUGH_A_LINK = {"adaptive-cloud"}  # on loopback a k = 0 round is as fast as a
 
 @contextlib.contextmanager
 def _link_to(port: int, name: str):
-    """The verifier's port, or for THROUGH_A_LINK a channel emulator's with 5 ms one way."""
+    """The verifier's port, or for THROUGH_A_LINK a link emulator's with 5 ms one way."""
     if name not in THROUGH_A_LINK:
         yield port
         return

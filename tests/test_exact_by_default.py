@@ -2,7 +2,7 @@
 conditions, and where a token does go out unverified a plain OpenAI client can tell.
 
 Real parts throughout: `tandem-cloud serve` and `tandem-edge serve` as processes (the start-up
-race, a busy CPU), the channel emulator replaying the LTE trace (`tandem sim`), an in-process
+race, a busy CPU), the link emulator replaying the LTE trace (`tandem sim`), an in-process
 daemon on a real socket in front of a real verifier (fast mode, the sampled law).
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_a_short_sim_on_the_lte_trace_verifies_every_token(tmp_path, target_dir,
 
     import yaml
 
-    from bench.cli import main
+    from sim.cli import main
     config = tmp_path / "sim.yaml"
     config.write_text(yaml.safe_dump({
         "edge_overrides": {"draft": {"backend": "llama.cpp", "model_path": str(gguf_path),
@@ -154,7 +154,7 @@ def test_sampled_output_through_the_daemon_has_the_targets_law(shipped_daemon, p
 def test_fast_mode_bench_smoke(capsys):
     """`tandem fast-mode-bench` on one prompt per source: the shipped config's verified
     share, teacher-forced and predicted agreement come out per source (the full run: README)."""
-    from bench.fast_mode import main
+    from bench.fast_mode_bench import main
     assert main(["--prompts", "1", "--max-tokens", "16"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()[-2:]
     for line, source in zip(lines, ("code", "prose")):

@@ -1,6 +1,6 @@
 """Fault injection with real processes and sockets: the verifier (tandem-cloud serve, its own
 process) is SIGSTOPped, SIGKILLed and restarted, restarted with another target; the link goes
-through the channel emulator with outages and loss; TLS and API keys are misconfigured; idle
+through the link emulator with outages and loss; TLS and API keys are misconfigured; idle
 streams try to hold every worker.
 
 Each test checks, on top of its own bound:
@@ -31,7 +31,7 @@ from verifier_harness import (channel_to, open_draft, start_verifier,  # noqa: F
                               edge_tokenizer, prompt_ids, reference, target_runtime)
 from waiting import wait_for
 
-from bench.channel import ChannelProfile, ChannelProxy
+from sim.netem import ChannelProfile, ChannelProxy
 from bench.load import cloud_info, free_port
 from cloud.config import CloudConfig
 from cloud.server import create_server
@@ -223,7 +223,7 @@ def test_sigstop_stall_continues_locally_and_resumes_verified(verifier, prompt_i
 
 def test_channel_outage_and_loss_go_local_and_come_back(target_runtime, prompt_ids, reference,
                                                         draft_dir, gguf_path, onnx_path):
-    """The channel emulator drops the link for 1 s (connections reset) with 2% loss around it:
+    """The link emulator drops the link for 1 s (connections reset) with 2% loss around it:
     the stream goes on locally and is verified again within RECOVERY_S of the outage's end."""
     server, port = start_verifier(target_runtime, window_ms=0.0)
     profile = ChannelProfile(name="faulty", delay_ms=2.0, loss=0.02, loss_stall_ms=40.0,

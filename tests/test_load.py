@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench.load import drive, peak_rss_mb, spawn_system, summarize
-from bench.workload import advertised_model, load_prompts
+from sim.workload import advertised_model
+from tandem.prompts import load_prompts
 from tandem.config import resolve_path
 
 pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)

@@ -1,5 +1,5 @@
 """Exact with the price loop on: a verifier whose price is 1 (batch.target_queue_ms = 0), the
-adaptive controller answering it (edge/control/pricing.py), through a 5 ms channel emulator.
+adaptive controller answering it (edge/control/pricing.py), through a 5 ms link emulator.
 Greedy output is the target's token for token, where the price makes the controller speculate
 (a floor every option meets) and where the floor keeps it on cloud runs (a device too slow to
 draft at the floor); sampled output follows the target's law (chi-square on the first three
@@ -19,7 +19,7 @@ from verifier_harness import TEST_DEVICE, channel_to, open_draft
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime)
 
-from bench.channel import ChannelProfile, ChannelProxy
+from sim.netem import ChannelProfile, ChannelProxy
 from cloud.config import BatchSettings, CloudConfig, ModelSettings, ServerSettings
 from cloud.server import create_server
 from edge.client import EdgeClient, GenerationRequest
@@ -67,7 +67,7 @@ FORCED = {"measured-dearer": (2.0, 1.0), "measured-cheaper": (0.5, 1.0)}  # ms a
 
 @pytest.fixture(scope="module")
 def dear_link(target_runtime):
-    """A verifier priced at 1 behind a 5 ms (one way) channel emulator: its port."""
+    """A verifier priced at 1 behind a 5 ms (one way) link emulator: its port."""
     config = CloudConfig(
         server=ServerSettings(host="127.0.0.1", port=0, shutdown_grace_s=0),
         model=ModelSettings(path=target_runtime.model_dir, device=TEST_DEVICE),

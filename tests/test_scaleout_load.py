@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import json
 
-from bench.cli import main
+from sim.cli import main
 
 pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import build_parser, sim_config
+from bench.cli import build_parser as bench_parser
+from sim.cli import build_parser, sim_config
 from bench.matrix.cli import bench_config
 from cloud.cli import load_cloud_config
 from edge.cli import load_edge_config
@@ -97,7 +98,7 @@ def test_sim_set_reaches_keys_that_have_flags():
 
 
 def test_bench_set_reaches_keys_that_have_flags():
-    parse = build_parser().parse_args
+    parse = bench_parser().parse_args
     config = bench_config(parse(["bench", "--set", "prompts=3", "--set", "max_tokens=9",
                                  "--set", "workers=2", "--set", "configurations=[adaptive]",
                                  "--set", "devices=[laptop]"]))

@@ -1,4 +1,4 @@
-"""`tandem sim` end to end on a tiny workload: verifier, channel emulators, edge daemons and the
+"""`tandem sim` end to end on a tiny workload: verifier, link emulators, edge daemons and the
 HTTP workload all real, on loopback; the table, the JSON file and the PNG plots come out."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 import yaml
 
-from bench.cli import main
-from bench.report import COLUMNS, format_table, summarize
-from bench.workload import RequestRecord
+from sim.cli import main
+from sim.report import COLUMNS, format_table, summarize
+from sim.workload import RequestRecord
 
 pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end
 

@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("tandem", "edge", "cloud", "bench")
+PACKAGES = ("tandem", "edge", "cloud", "sim", "bench", "models")
 
 # Circles known today, each entry naming its modules (sorted); none since make_backend moved
 # beside the implementations (cloud/runtime/factory.py). A new circle fails the test.
@@ -122,6 +122,20 @@ def test_no_import_circle():
     assert not gone, f"gone, delete from KNOWN_CIRCLES: {gone}"
 
 
+# The layers: the product (tandem/ shared, edge/, cloud/, models/) below the simulation (sim/),
+# the measurements (bench/) on top, a leaf nothing imports.
+LOWER = {"sim": ("tandem", "edge", "cloud", "models"), "bench": ("tandem", "edge", "cloud", "models", "sim")}
+
+
+def test_bench_is_a_leaf_and_sim_is_above_the_product():
+    upward = []
+    for name, imported in import_graph().items():
+        for layer, below in LOWER.items():
+            if name.split(".")[0] in below:
+                upward += [f"{name} -> {target}" for target in imported if target.split(".")[0] == layer]
+    assert not upward, upward
+
+
 def test_the_circle_finder_finds_a_circle():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [("a", "b", "c")]
 
@@ -140,7 +154,7 @@ def test_no_class_in_the_round_loop_over_150_lines():
 
 
 # Where a class name must mean one thing: the generated wire stubs (tandem/v1) are not ours.
-NAMED_ONCE = ("edge", "cloud", "bench", "tandem", "models")
+NAMED_ONCE = ("edge", "cloud", "sim", "bench", "tandem", "models")
 GENERATED = ("tandem/v1",)
 
 
@@ -174,7 +188,7 @@ def test_the_twin_finder_finds_a_twin(tmp_path):
 
 # One job per file: none over MAX_FILE_LINES but the schema-only modules (field after field of
 # typed config or API shapes, which only grow with what they describe).
-SIZED = ("edge", "cloud", "bench")
+SIZED = ("edge", "cloud", "sim", "bench")
 MAX_FILE_LINES = 450
 SCHEMA_ONLY = ("edge/daemon/openai_schema.py", "edge/config.py", "cloud/config.py")
 

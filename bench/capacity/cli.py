@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from bench.capacity.report import (capacities, capacity_table, cost_table, rows_table,
                                        summary_table, write_json, write_plots)
     from bench.capacity.sweep import run_capacity
-    from bench.channel import load_profile
+    from sim.netem import load_profile
     from tandem.config import load_config, resolve_path
 
     try:

@@ -1,4 +1,4 @@
-"""Every emulated user's own link: one bench.channel.ChannelProxy per user, all on one event loop
+"""Every emulated user's own link: one sim.netem.ChannelProxy per user, all on one event loop
 in one thread (a hundred proxy threads would cost more than the links themselves).
 
 Each proxy starts at its own point of the profile's trace (users spread over the trace's
@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from bench.matrix.channels import trace_period_s
-from bench.channel import ChannelProfile, ChannelProxy
+from sim.netem import ChannelProfile, ChannelProxy
 
 START_TIMEOUT_S = 30.0
 

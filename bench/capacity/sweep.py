@@ -32,8 +32,8 @@ from bench.capacity.servers import (ServerGroup, cpu_seconds, machine_busy_secon
 from bench.capacity.stats import (PointRow, ServerReading, TokenCostReading, clearly_misses,
                                   summarize)
 from bench.capacity.users import Sample, Window, run_openai_user, run_tandem_user
-from bench.channel import ChannelProfile
-from bench.workload import load_prompts
+from sim.netem import ChannelProfile
+from tandem.prompts import load_prompts
 from edge.client import EdgeClient
 from edge.link import make_channel
 from edge.runtime import load_draft_runtime

@@ -2,7 +2,7 @@
 
   verifier (cloud.server, in this process, 127.0.0.1:free port, the target loaded once)
      ^ gRPC
-  channel emulator (bench.channel.ChannelProxy), rewound to the unit's offset before each
+  link emulator (sim.netem.ChannelProxy), rewound to the unit's offset before each
   configuration
      ^ gRPC
   one EdgeClient per configuration (its policy lives across the prompts, as in a real edge),
@@ -24,8 +24,8 @@ from bench.matrix.config import BenchConfig, DeviceSpec, fixed_k
 from bench.matrix.device import ThrottledDraft, joules
 from bench.matrix.oracle import CloudOnly, OraclePolicy, match_runs, target_greedy
 from bench.matrix.results import GenerationSummary, agreement
-from bench.channel import ChannelProfile, ChannelProxy
-from bench.workload import load_prompts
+from sim.netem import ChannelProfile, ChannelProxy
+from tandem.prompts import load_prompts
 from cloud.config import CloudConfig
 from cloud.runtime.target import TargetRuntime
 from cloud.server import create_server

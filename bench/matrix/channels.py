@@ -2,14 +2,14 @@
 trace the project does not ship (`--held-out-trace`).
 
 A unit is one (prompt, offset): every configuration runs the prompt with the channel rewound to
-the offset (bench.channel.ChannelProxy.rewind), so all of them meet the same stretch of the
+the offset (sim.netem.ChannelProxy.rewind), so all of them meet the same stretch of the
 trace, with the same jitter and loss draws.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.channel import ChannelProfile, LinkSpec, load_profile
+from sim.netem import ChannelProfile, LinkSpec, load_profile
 from tandem.config import ConfigError
 
 

@@ -77,7 +77,7 @@ def bench_config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from bench.matrix.channels import held_out_profile
     from bench.matrix.config import load_device
-    from bench.channel import load_profile
+    from sim.netem import load_profile
 
     config = bench_config(args)
     channels = [load_profile(resolve_path(path)) for path in config.channels]  # fail early

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from bench.matrix.channels import offsets_of
-from bench.channel import ChannelProfile
+from sim.netem import ChannelProfile
 from edge.config import DeviceProfile
 from tandem.config import Settings, load_config, resolve_path
 
@@ -62,7 +62,7 @@ class BenchConfig(Settings):
     channels: tuple[Path, ...] = Field(
         (Path("configs/channels/lan.yaml"), Path("configs/channels/lte.yaml"),
          Path("configs/channels/3g.yaml")), min_length=1,
-        description="channel profile files (bench.channel.ChannelProfile), run one after another")
+        description="channel profile files (sim.netem.ChannelProfile), run one after another")
     devices_dir: Path = Field(Path("configs/devices"), description="where NAME.yaml device "
                                                                    "profiles live")
     devices: tuple[str, ...] = Field(("laptop", "phone"), min_length=1,

@@ -25,7 +25,7 @@ from bench.matrix.config import BenchConfig, DeviceSpec
 from bench.matrix.goals import goals
 from bench.matrix.results import BenchRow, GenerationSummary, details_of, rows_of
 from bench.matrix.workers import run_in_workers
-from bench.channel import ChannelProfile
+from sim.netem import ChannelProfile
 from edge.config import ClientConfig
 from tandem.config import ConfigError
 

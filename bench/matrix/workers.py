@@ -1,7 +1,7 @@
 """Cells measured in several processes at once (`tandem bench --workers N`).
 
 Each worker is a spawned process with its own CellBench (verifier on its own loopback port,
-draft, channel emulators) that takes cells from a shared queue, longest expected first, and
+draft, link emulators) that takes cells from a shared queue, longest expected first, and
 sends every generation back as it finishes. A cell stays in one process, its configurations
 interleaved per unit as in a sequential run, so its ratios stay paired; what the workers share is
 the machine, whose load then hits every configuration of a unit alike. A cell on a slow link or

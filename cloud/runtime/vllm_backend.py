@@ -306,7 +306,7 @@ class VllmBackend(TargetBackend):
 
     def generate_greedy(self, prompt: Sequence[int], max_tokens: int) -> Future:
         """The target's own greedy decoding of max_tokens after prompt on vLLM's decode path
-        (the target-only baseline of bench/verifier.py); resolves to the token ids."""
+        (the target-only baseline of bench/verifier_bench.py); resolves to the token ids."""
         async def run() -> list[int]:
             output = await self._request(list(prompt), self._params(
                 max_tokens=max_tokens, ignore_eos=True), 0)

@@ -8,7 +8,7 @@ Options, each with expected committed tokens N, wall seconds T and target passes
       T = t_draft * k + L + c * bytes(k) + t_server + t_over + t_sync,    P = 1
   with alpha_i the per-position acceptance (edge/control/acceptance.py), t_draft the measured
   draft seconds per decode step, L and c the link's latency and seconds per uplink byte
-  (edge/control/channel.py), bytes(k) the measured Draft size model, t_server the verifier's
+  (edge/control/link_estimate.py), bytes(k) the measured Draft size model, t_server the verifier's
   reported time, t_over the round's measured time outside drafting and the round trip (Python,
   framing, committing) and t_sync the prefill of tokens the draft has not seen (after a cloud
   run). Draft-ahead (when `client.draft_ahead` allows it) takes
@@ -225,7 +225,7 @@ class AdaptivePolicy(DraftPolicy):
         send_ahead = costs.send_ahead_depth(k, min(self.max_send_ahead,
                                                    max(view.max_send_ahead, 1)))
         # Dither: every other round a slightly longer block, so the link's cost per byte can
-        # be told from its latency (edge/control/channel.py fits a line) and the acceptance of
+        # be told from its latency (edge/control/link_estimate.py fits a line) and the acceptance of
         # positions past k is seen (short blocks alone never reach them, and an unseen
         # position is estimated at the pooled rate, which keeps k short); the rate is flat
         # near its optimum, so this costs little (under a cap it also spends fewer passes).

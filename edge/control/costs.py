@@ -1,6 +1,6 @@
 """What a round costs, as the adaptive controller (edge/control/adaptive.py) models it: expected
 tokens E(k) from the acceptance estimates, a round's seconds from the draft's speed, the link
-(edge/control/channel.py), the verifier's time and the round's overhead, and a cloud run's
+(edge/control/link_estimate.py), the verifier's time and the round's overhead, and a cloud run's
 seconds from the pace of its stream; each measured from the rounds' records (the formulas are
 in adaptive.py's docstring). Plain measurement and arithmetic: no choice is made here.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge.control.acceptance import AcceptanceEstimator
-from edge.control.channel import ChannelEstimator, Ewma
+from edge.control.link_estimate import ChannelEstimator, Ewma
 from edge.control.policy import Plan
 from edge.record import RoundRecord
 

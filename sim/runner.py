@@ -2,11 +2,11 @@
 
   verifier (cloud.server, in this process, 127.0.0.1:free port)
      ^ gRPC
-  channel emulator per profile (bench.channel.ChannelProxy: delay, jitter, capacity, loss, outages)
+  link emulator per profile (sim.netem.ChannelProxy: delay, jitter, capacity, loss, outages)
      ^ gRPC
   edge daemon per profile (edge.daemon: draft runtimes + session clients, HTTP on a free port)
      ^ HTTP, OpenAI API, streamed
-  workload (bench.workload: held-out code prompts, `concurrency` at a time)
+  workload (sim.workload: held-out code prompts, `concurrency` at a time)
 
 Profiles run one after another so they do not share the two CPU cores; each gets a fresh proxy
 (its link time, and so its outages, start with the profile) and a fresh daemon pointed at it.
@@ -22,15 +22,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bench.channel import ChannelProfile, ChannelProxy
-from bench.report import RunSummary, format_table, session_trace, summarize, write_json, write_plots
-from bench.sim_config import SimConfig
-from bench.workload import RequestRecord, load_prompts, run_workload
 from cloud.config import CloudConfig
 from cloud.server import create_server
 from edge.config import EdgeConfig, resolve_paths
 from edge.daemon.server import DaemonThread, load_engine
+from sim.config import SimConfig
+from sim.netem import ChannelProfile, ChannelProxy
+from sim.report import RunSummary, format_table, session_trace, summarize, write_json, write_plots
+from sim.workload import RequestRecord, run_workload
 from tandem.config import load_config, resolve_path
+from tandem.prompts import load_prompts
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ def run_sim(config: SimConfig, json_path: Path | None = None, plots_dir: Path | 
 
 
 def _warm_up(config: SimConfig, verifier_port: int, prompts: list[str]) -> None:
-    """Untimed requests straight to the verifier (no channel emulator): the target's first
+    """Untimed requests straight to the verifier (no link emulator): the target's first
     forward passes are slow, and no profile should pay for them."""
     edge = edge_config_for(config, f"127.0.0.1:{verifier_port}")
     with DaemonThread(load_engine(edge)) as daemon:

@@ -16,16 +16,6 @@ from typing import Any
 import httpx
 
 
-def load_prompts(path: Path, count: int, offset: int = 0, max_chars: int = 1200) -> list[str]:
-    """`count` prompts from a JSONL file of {"prompt": ...} lines, starting at `offset`, cycling
-    when the file is shorter; each keeps at most its last `max_chars` characters."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    if not lines:
-        raise ValueError(f"no prompts in {path}")
-    prompts = [json.loads(lines[(offset + i) % len(lines)])["prompt"] for i in range(count)]
-    return [p[-max_chars:] for p in prompts]
-
-
 @dataclass
 class RequestRecord:
     """One request as the HTTP client saw it, plus the daemon's `tandem` stats."""

@@ -6,7 +6,7 @@
 
 The shipped configs/edge.yaml (whatever its client.policy) in an edge daemon on loopback, in
 front of a verifier with the shipped configs/cloud.yaml; held-out prompts of each source
-(bench/prompt_sources.py: code, and prose from the held-out files' docstrings and comments;
+(tandem/prompts.py: code, and prose from the held-out files' docstrings and comments;
 by default the *eval* files, which the calibration prior was not fitted on) sent with
 `"mode": "fast"` and `min_agreement`, greedy, eos ignored. Per min_agreement a fresh daemon
 (its calibration starts from the shipped prior and learns over the sources in turn). Per
@@ -31,7 +31,7 @@ import httpx
 import torch
 from transformers import AutoModelForCausalLM
 
-from bench.prompt_sources import SOURCES, SPLITS, load_source
+from tandem.prompts import SOURCES, SPLITS, load_source
 from cloud.config import CloudConfig
 from cloud.server import create_server
 from edge.config import EdgeConfig, resolve_paths

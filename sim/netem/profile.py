@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from bench.channel.trace import Trace, TraceError, load_trace
+from sim.netem.trace import Trace, TraceError, load_trace
 from tandem.config import Settings, load_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

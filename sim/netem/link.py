@@ -23,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from bench.channel.profile import ChannelProfile, LinkSpec
-from bench.channel.trace import PACKET_BYTES, Trace
+from sim.netem.profile import ChannelProfile, LinkSpec
+from sim.netem.trace import PACKET_BYTES, Trace
 
 Direction = Literal["uplink", "downlink"]
 TICK_S = 0.001

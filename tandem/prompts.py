@@ -1,4 +1,6 @@
-"""The held-out prompt sources fast mode is measured on, and their fit / eval split (issue 30).
+"""The held-out prompts, loaded one way for the simulation, the benchmarks and the training
+scripts: `load_prompts` (a JSONL file's prompts, cycling) and the fast-mode sources with their
+fit / eval split (issue 30).
 
 Two sources ship, both cut from the 19 held-out stdlib files the models never saw:
   code   models/prompts/heldout.jsonl        starts of functions and classes (models/train/prompts.py)
@@ -18,6 +20,16 @@ from pathlib import Path
 SOURCES = {"code": Path("models/prompts/heldout.jsonl"),
            "prose": Path("models/prompts/heldout_prose.jsonl")}
 SPLITS = ("fit", "eval", "all")
+
+
+def load_prompts(path: Path, count: int, offset: int = 0, max_chars: int = 1200) -> list[str]:
+    """`count` prompts from a JSONL file of {"prompt": ...} lines, starting at `offset`, cycling
+    when the file is shorter; each keeps at most its last `max_chars` characters."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"no prompts in {path}")
+    prompts = [json.loads(lines[(offset + i) % len(lines)])["prompt"] for i in range(count)]
+    return [p[-max_chars:] for p in prompts]
 
 
 def is_fit_file(relpath: str) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.workload import RequestRecord
+from sim.workload import RequestRecord
 from tandem import metrics
 
 

@@ -1,4 +1,4 @@
-"""`tandem channel --profile configs/channels/lte.yaml --listen 127.0.0.1:50052
+"""`tandem netem --profile configs/channels/lte.yaml --listen 127.0.0.1:50052
 --upstream 127.0.0.1:50051`: run the channel proxy until SIGTERM/SIGINT, printing its
 measurements as one JSON line every --stats-every seconds (and once more on exit)."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import signal
 import sys
 
-from bench.channel.profile import load_profile
-from bench.channel.proxy import ChannelProxy
+from sim.netem.profile import load_profile
+from sim.netem.proxy import ChannelProxy
 from tandem.config import ConfigError
 
 
@@ -22,7 +22,7 @@ def host_port(text: str) -> tuple[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tandem channel", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tandem netem", description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", required=True, help="channel profile YAML (configs/channels/*.yaml)")
     parser.add_argument("--listen", type=host_port, default=("127.0.0.1", 50052),
                         help="HOST:PORT the proxy accepts on (default 127.0.0.1:50052)")

@@ -28,10 +28,10 @@ import threading
 import time
 from collections import deque
 
-from bench.channel.link import Direction, DirectionLink, StreamClock
-from bench.channel.profile import ChannelProfile
-from bench.channel.stats import DirectionCounters, DirectionStats, ProxyStats
-from bench.channel.trace import PACKET_BYTES
+from sim.netem.link import Direction, DirectionLink, StreamClock
+from sim.netem.profile import ChannelProfile
+from sim.netem.stats import DirectionCounters, DirectionStats, ProxyStats
+from sim.netem.trace import PACKET_BYTES
 
 READ_BYTES = 64 * 1024
 UPSTREAM_CONNECT_TIMEOUT_S = 10.0

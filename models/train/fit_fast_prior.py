@@ -1,9 +1,9 @@
 """Fit fast mode's shipped calibration prior (issue 30): models/fast-calibration.json.
 
-    python -m models.train.fast_calibration [--prompts 106] [--max-tokens 64]
+    python -m models.train.fit_fast_prior [--prompts 106] [--max-tokens 64]
 
 For each local model (tandem-draft, tandem-small) against tandem-target: on the held-out code
-and prose prompts of the *fit* files only (bench/prompt_sources.py; fast mode is benchmarked on
+and prose prompts of the *fit* files only (tandem/prompts.py; fast mode is benchmarked on
 the other files), both models step through a continuation written as fast mode writes it (the local
 model's greedy token where it is confident, the target's where it is not), and at each position
 count whether the target's greedy choice is the local model's. Counted per confidence bucket of the local model (edge/fast_calibration.py):
@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from bench.prompt_sources import SOURCES, load_source
+from tandem.prompts import SOURCES, load_source
 from edge.fast_calibration import CONFIDENCE_EDGES, bucket
 from edge.tokenizer import EdgeTokenizer
 
 OUT = Path("models/fast-calibration.json")
 TARGET = Path("models/tandem-target")
 LOCAL = (Path("models/tandem-draft"), Path("models/tandem-small"))
-CONTEXT_TOKENS = 400  # the prompt's last tokens, as bench.fast_mode sends them
+CONTEXT_TOKENS = 400  # the prompt's last tokens, as bench.fast_mode_bench sends them
 FIT_CUT = 0.12        # below this confidence the fit's text takes the target's token: about
                       # the cut fast mode settles at for min_agreement 0.95 on these models
 
@@ -72,7 +72,7 @@ def measure(local_dir: Path, prompts: Sequence[list[int]], max_tokens: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.train.fast_calibration",
+    parser = argparse.ArgumentParser(prog="python -m models.train.fit_fast_prior",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=None,
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(r[2] for r in rows) / len(rows):.3f}")
     # one line per list: the file stays small and diffs read per model
     body = {"target": TARGET.name, "edges": list(CONFIDENCE_EDGES), "models": models,
-            "fitted_on": f"{len(prompts)} fit-split prompts, code and prose (bench/prompt_sources.py) x "
+            "fitted_on": f"{len(prompts)} fit-split prompts, code and prose (tandem/prompts.py) x "
                          f"{args.max_tokens} tokens, the target's below confidence {FIT_CUT}"}
     text = json.dumps(body, indent=1)
     args.out.write_text(re.sub(r"\[[^\[\]{}]*\]", lambda m: " ".join(m.group(0).split()), text)

@@ -45,7 +45,7 @@ class SimConfig(Settings):
     request_timeout_s: float = Field(120.0, gt=0, le=3600, description="HTTP timeout per request")
     trace_profile: str = Field("lte", description=(
         "profile whose session is plotted over time (draft length and RTT per round)"))
-    # (when it is not run, bench/sim.py plots the first profile run and logs a warning)
+    # (when it is not run, sim/runner.py plots the first profile run and logs a warning)
 
     @field_validator("profiles")
     @classmethod
