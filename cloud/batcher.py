@@ -51,6 +51,8 @@ class ForwardResult:
     verdict: Any = None   # cloud.verify.Verdict when the pass's thread ran the round's test
     verify_ms: float = 0.0  # that batched test (shared by the pass's rounds)
     positions: int = 0      # tokens the pass fed, all its jobs together (0: not counted)
+    cpu_ms: float | None = None  # CPU time of the pass's thread, forward pass and test (its
+                                 # whole cost where torch runs on that one thread)
 
 
 @dataclass
@@ -172,7 +174,7 @@ class Batcher:
             self._execute_locked(batch)
 
     def _execute_locked(self, batch: list[_Job]) -> None:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         try:
             outputs = self._forward([(job.state, job.tokens) for job in batch])
         except Exception as exc:  # noqa: BLE001 - every waiting session must hear about it
@@ -191,6 +193,7 @@ class Batcher:
                 log.exception("batched acceptance test of %d rounds failed", len(batch))
                 verdicts = [exc] * len(batch)
             verify_ms = (time.perf_counter() - verify_started) * 1000.0
+        cpu_ms = (time.thread_time() - cpu_started) * 1000.0
         self.batches_run += 1
         self.largest_batch = max(self.largest_batch, len(batch))
         self.size_counts[len(batch)] += 1  # read by Info (load reports); ints, no lock needed
@@ -202,7 +205,7 @@ class Batcher:
             job.future.set_result(ForwardResult(
                 logits=outputs[i], queue_ms=(started - job.submitted) * 1000.0,
                 forward_ms=forward_ms, batch_size=len(batch), verdict=verdicts[i],
-                verify_ms=verify_ms, positions=positions))
+                verify_ms=verify_ms, positions=positions, cpu_ms=cpu_ms))
 
 
 def _prompt_passes(prompts: list[_Job]) -> list[list[_Job]]:

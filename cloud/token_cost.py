@@ -14,6 +14,12 @@ up to T. A split by positions alone would charge a 5-position round 5x a 1-token
 on one CPU core a position adds only 0.1-0.25 of one; an equal split would make a round's extra
 positions free. Without c (vLLM) the split is equal.
 
+A pass's time is its wall time, or, where the target runs on the pass's own thread (torch on
+the CPU with one thread, as `tandem capacity` serves it: cpu_clock), that thread's CPU time: a
+verifier sharing its core with other work is descheduled in the middle of passes, and their
+wall time then counts the other work too (measured on this 2-core machine under others' load:
+2.2 ms a token by wall time against 1.2 ms of the verifier's CPU).
+
 A mode's cost per committed token is the sum of its jobs' shares over the tokens they
 committed (a round: its accepted prefix, the bonus token and any unverified tokens it carried;
 a cloud-run step: 1), kept as moving sums that forget with a half-life in committed tokens:
@@ -40,10 +46,14 @@ SESSION_HALF_LIFE_TOKENS = 64.0     # a session's last few rounds or runs
 MIN_TOKENS = 16.0                   # committed tokens of a mode before its figure is said
 
 
-def job_share_ms(result: ForwardResult, positions: int, position_ms: float | None) -> float:
-    """One job's share of its pass (see the top): `positions` it fed, of result.positions."""
+def job_share_ms(result: ForwardResult, positions: int, position_ms: float | None,
+                 cpu_clock: bool = False) -> float:
+    """One job's share of its pass (see the top): `positions` it fed, of result.positions.
+    cpu_clock: the pass's time is its thread's CPU time (where the backend measured it)."""
     sessions = max(result.batch_size, 1)
     total = result.forward_ms + result.verify_ms
+    if cpu_clock and result.cpu_ms is not None:
+        total = result.cpu_ms
     if position_ms is None or result.positions < sessions:  # not counted (vLLM): equal split
         return total / sessions
     step = (total - position_ms * (result.positions - sessions)) / sessions
@@ -98,6 +108,13 @@ class TokenCosts:
 
 
 FIELDS = {SPECULATE: "speculate_token_ms", CLOUD: "cloud_token_ms"}  # the proto's names
+
+
+def cpu_clock(device: str) -> bool:
+    """Whether a pass's thread CPU time is its cost: the target on the CPU, one torch thread
+    (more threads do work the pass's thread's clock does not see; a GPU's work none)."""
+    import torch
+    return str(device).startswith("cpu") and torch.get_num_threads() == 1
 
 
 def said(*sources: TokenCosts) -> dict[str, float]:

@@ -67,6 +67,9 @@ class Stream:
     def run(self) -> None:
         try:
             with httpx.Client(timeout=120) as http:
+                # Connected first, so `sent` is the request's own start, not a TCP handshake
+                # that waits on this busy process's accept loop.
+                http.get(self.url.split("/v1/")[0] + "/version").raise_for_status()
                 self.sent = time.monotonic()
                 with http.stream("POST", self.url, json=self.body) as response:
                     self.status, self.headers = response.status_code, dict(response.headers)

@@ -8,7 +8,8 @@ import torch
 from transformers import LlamaConfig, MistralConfig
 
 from cloud.runtime.serving_path import (SELF_TEST_MARGIN, SELF_TEST_MAX_CONTEXT,
-                                        run_self_test, self_test_lengths)
+                                        length_dependent_rope, run_self_test,
+                                        self_test_lengths)
 from cloud.runtime.target import TargetRuntime
 
 pytestmark = pytest.mark.unit
@@ -81,3 +82,14 @@ def test_a_near_tie_flip_within_rounding_is_not_decisive(runtime):
                            [40, 25, 9], torch.float32)
     assert report.argmax_agreement < 1.0 and report.decisive_disagreements == 0
     assert report.passed
+
+
+def test_rope_that_changes_with_the_longest_position_takes_the_exact_path():
+    from transformers import Phi3Config
+    longrope = Phi3Config(rope_parameters={
+        "rope_type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48,
+        "original_max_position_embeddings": 256, "rope_theta": 10000.0})
+    assert length_dependent_rope(longrope) == "longrope"
+    assert length_dependent_rope(LlamaConfig(rope_parameters={
+        "rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})) == "dynamic"
+    assert length_dependent_rope(LlamaConfig()) is None

@@ -40,6 +40,18 @@ def test_without_a_position_cost_the_pass_is_split_equally():
     assert job_share_ms(noisy, 5, 0.5) == pytest.approx(0.5)
 
 
+def test_on_one_cpu_thread_a_pass_costs_its_cpu_time():
+    """Where the target runs on the pass's own thread its CPU time is the pass's cost (a core
+    shared with other work stretches the wall time, not that); elsewhere the wall time."""
+    result = ForwardResult(logits=None, queue_ms=0.0, forward_ms=18.0, batch_size=4,
+                           verify_ms=2.0, positions=4, cpu_ms=8.0)
+    assert job_share_ms(result, 1, 0.25, cpu_clock=True) == pytest.approx(2.0)
+    assert job_share_ms(result, 1, 0.25) == pytest.approx(5.0)
+    unmeasured = ForwardResult(logits=None, queue_ms=0.0, forward_ms=18.0, batch_size=4,
+                               verify_ms=2.0, positions=4)
+    assert job_share_ms(unmeasured, 1, 0.25, cpu_clock=True) == pytest.approx(5.0)
+
+
 def test_a_modes_cost_per_committed_token():
     """Rounds that commit 4 tokens for a 2 ms share and cloud-run steps that commit 1 for a
     0.9 ms share: 0.5 and 0.9 ms a token; no figure before MIN_TOKENS of a mode; the totals

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_price import _open_message, _session, dear_verifier, tokens  # noqa: F401 (fixtures)
-from verifier_harness import channel_to, client_for, open_draft
+from verifier_harness import TEST_DEVICE, channel_to, client_for, open_draft
 from verifier_harness import edge_tokenizer, prompt_ids, target_runtime  # noqa: F401 (fixtures)
 
 from cloud.config import BatchSettings, LimitSettings
@@ -35,6 +35,7 @@ def test_the_engine_charges_each_mode_its_share_of_the_passes(target_runtime, to
     committed token (ms, positive), the totals count every committed token, the session keeps
     its own figures, and Prometheus has both modes' gauges."""
     engine = Verifier(target_runtime, LimitSettings(), BatchSettings())
+    assert engine._cpu_clock == (TEST_DEVICE == "cpu")  # one torch thread: passes by CPU time
     try:
         context = tokens[0]
         session = engine.open(OpenRequest(session_id="", model="",

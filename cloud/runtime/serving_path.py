@@ -73,6 +73,24 @@ def widest_window(config) -> int:
     return max([s for s in spans if isinstance(s, int) and s > 0], default=0)
 
 
+def length_dependent_rope(config) -> str | None:
+    """The rope type when the model's rotary frequencies depend on the pass's longest position
+    (transformers' dynamic NTK and longrope pick them from max(position_ids) + 1): in a batched
+    pass a short session would take a long one's frequencies, and a self-test within the
+    original context length would not see it. Such models take the exact path."""
+    config = config.get_text_config()
+    for parameters in (getattr(config, "rope_parameters", None),
+                       getattr(config, "rope_scaling", None)):
+        if not isinstance(parameters, dict):
+            continue
+        # One dict, or one per layer type (sliding/full layers with their own rope).
+        for entry in [parameters, *[v for v in parameters.values() if isinstance(v, dict)]]:
+            rope_type = str(entry.get("rope_type") or entry.get("type") or "")
+            if "dynamic" in rope_type or rope_type == "longrope":
+                return rope_type
+    return None
+
+
 def self_test_lengths(config, max_context: int) -> list[int]:
     """Context lengths for the self-test: past the widest window, capped."""
     longest = min(max(widest_window(config), 32) + SELF_TEST_MARGIN, SELF_TEST_MAX_CONTEXT,

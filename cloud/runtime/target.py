@@ -31,7 +31,8 @@ from cloud.runtime import slot_attention
 from cloud.runtime.exact_path import ExactState, exact_forward
 from cloud.runtime.kv import KVPool, KVState
 from cloud.runtime.serving_path import (AUTO, EXACT, PATHS, SLOTS, SelfTest, ServingPath,
-                                        UnsupportedTarget, run_self_test, self_test_lengths)
+                                        UnsupportedTarget, length_dependent_rope,
+                                        run_self_test, self_test_lengths)
 from cloud.runtime.slot_attention import SlotBatch
 from tandem.fingerprint import tokenizer_fingerprint
 
@@ -199,6 +200,10 @@ class TargetRuntime:
 
     def _test_slots(self) -> SelfTest:
         lengths = self_test_lengths(self.model.config, self.max_context)
+        rope = length_dependent_rope(self.model.config)
+        if rope:
+            return SelfTest(lengths, 0, float("inf"), 0.0, 0.0,
+                            error=f"rope type {rope!r} changes with the pass's longest position")
         if not self.model._can_set_attn_implementation():  # transformers' own test of it
             return SelfTest(lengths, 0, float("inf"), 0.0, 0.0,
                             error="its attention does not go through AttentionInterface")

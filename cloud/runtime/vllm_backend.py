@@ -59,6 +59,7 @@ from cloud.backend import BackendInfo, TargetBackend
 from cloud.batcher import ForwardResult
 from cloud.config import ModelSettings, VllmSettings
 from cloud.errors import InvalidRequest, Unavailable
+from cloud.runtime.vllm_support import refuse_unsupported_head_dim
 from cloud.verify import RoundCheck
 from tandem.fingerprint import tokenizer_fingerprint
 from tandem.sampling import SamplingParams
@@ -86,23 +87,6 @@ class VllmState:
 
     def release(self) -> None:
         self.tokens = []
-
-
-def _refuse_unsupported_head_dim(family: str, head_dim: int) -> None:
-    """vLLM's CPU attention has kernels for some head sizes only; any other dies in the engine
-    process after pages of worker tracebacks. Say so in one line before starting it."""
-    from vllm.platforms import current_platform
-    if current_platform.device_type != "cpu":
-        return
-    try:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-    except ImportError:  # another vLLM layout: let the engine decide
-        return
-    supported = CPUAttentionBackend.get_supported_head_sizes()
-    if head_dim not in supported:
-        from cloud.runtime.serving_path import UnsupportedTarget
-        raise UnsupportedTarget(family, f"vLLM's CPU attention has no kernel for head_dim "
-                                        f"{head_dim} (it has {supported})", backend="vllm")
 
 
 class VllmBackend(TargetBackend):
@@ -136,7 +120,7 @@ class VllmBackend(TargetBackend):
         own_limit = _max_context(config, tokenizer)
         self.max_context = min(settings.max_model_len or own_limit, own_limit)
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        _refuse_unsupported_head_dim(str(getattr(config, "model_type", "?")), head_dim)
+        refuse_unsupported_head_dim(str(getattr(config, "model_type", "?")), head_dim)
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         self.bytes_per_token = (2 * text.num_hidden_layers * kv_heads * head_dim
                                 * DTYPE_BYTES[self.dtype])

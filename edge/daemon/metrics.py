@@ -26,6 +26,10 @@ _LENGTH_BUCKETS = tuple(float(b) for b in (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 2
 _RTT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 _TOKS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# TTFT and queue time, finer where queued requests land (0.1-5 s), so a quantile read from the
+# histogram (histogram_quantile) is close to a client's own percentile of the same requests.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1,
+                    1.25, 1.5, 2, 2.5, 3, 4, 5, 7.5, 10, 20, 40, 80)
 
 
 class DaemonMetrics:
@@ -83,10 +87,10 @@ class DaemonMetrics:
         # vLLM's load generator) measures, so the two agree.
         self.ttft_seconds = histogram("time_to_first_token_seconds", "time to first token, "
                                       "from the request's arrival (queue time included)",
-                                      _SECONDS_BUCKETS).labels(**m)
+                                      _LATENCY_BUCKETS).labels(**m)
         self.queue_seconds = histogram("request_queue_seconds", "time a request waited for a "
                                        "free draft runtime (pool slot) before its generation "
-                                       "started", _SECONDS_BUCKETS).labels(**m)
+                                       "started", _LATENCY_BUCKETS).labels(**m)
         self.reopens = counter("session_reopens", "sessions re-opened after an outage or "
                                "eviction").labels(**m)
         self.moves = counter("session_moves", "re-opens that another verifier took (several "

@@ -86,9 +86,11 @@ class GenerationPool:
                arrived_s: float | None = None) -> Future:
         """Queue a generation; Future[GenerationOutput], failing with an ApiError. Raises
         QueueFull at once when the pool and the wait queue are full. `arrived_s`: when the
-        request arrived (time.monotonic(); default now), the origin of its queue_s and TTFT.
-        Jobs start in the order they were submitted (the executor's queue is FIFO)."""
-        arrived_s = time.monotonic() if arrived_s is None else arrived_s
+        request arrived (time.monotonic(); default now), the origin of its TTFT; its queue_s
+        counts from now. Jobs start in the order they were submitted (the executor's queue
+        is FIFO)."""
+        submitted = time.monotonic()
+        arrived_s = submitted if arrived_s is None else arrived_s
         with self._lock:
             if self._closed:
                 raise QueueFull("the daemon is shutting down")
@@ -98,7 +100,7 @@ class GenerationPool:
             self.waiting += 1
             self._halts.add(halt)
         self.metrics.waiting.inc()
-        future = self._executor.submit(self._work, job, on_text, halt, arrived_s)
+        future = self._executor.submit(self._work, job, on_text, halt, arrived_s, submitted)
         future.add_done_callback(lambda f: self._done(f, halt))
         return future
 
@@ -122,13 +124,13 @@ class GenerationPool:
         return TextStream(self.submit, job, arrived_s)
 
     def _work(self, job: GenerationJob, on_text: OnText | None, halt: threading.Event,
-              arrived_s: float) -> GenerationOutput:
+              arrived_s: float, submitted: float) -> GenerationOutput:
         with self._lock:
             self.waiting -= 1
             self.inflight += 1
             self.peak_inflight = max(self.peak_inflight, self.inflight)
             client = self._idle.pop()
-        queue_s = time.monotonic() - arrived_s
+        queue_s = time.monotonic() - submitted  # the wait for a slot, not the tokenizing
         self.metrics.waiting.dec()
         self.metrics.inflight.inc()
         self.metrics.queue_seconds.observe(queue_s)
