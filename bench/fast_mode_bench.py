@@ -35,7 +35,7 @@ from tandem.prompts import SOURCES, SPLITS, load_source
 from cloud.config import CloudConfig
 from cloud.server import create_server
 from edge.config import EdgeConfig, resolve_paths
-from edge.daemon.server import DaemonThread, load_engine
+from edge.daemon.server import DaemonThread, load_pool
 from tandem.config import load_config, resolve_path
 
 CONTEXT_TOKENS = 400  # the prompt's last tokens sent
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         with httpx.Client(timeout=120) as http:
             for a in args.min_agreements + ([None] if args.fixed_cut else []):
                 # a fresh daemon: its calibration starts from the prior
-                with DaemonThread(load_engine(edge if a is not None else fixed)) as daemon:
+                with DaemonThread(load_pool(edge if a is not None else fixed)) as daemon:
                     for source, prompts in texts.items():
                         ids = [http.post(daemon.url + "/tokenize", json={"prompt": t}).json()
                                ["tokens"][-CONTEXT_TOKENS:] for t in prompts]

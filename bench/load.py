@@ -40,7 +40,7 @@ import httpx
 
 from bench.processes import (ROOT, VerifierProcess, cloud_info, free_port, several,
                              stop_process, wait_until)
-from sim.workload import RequestRecord, _one, advertised_model
+from sim.workload import RequestRecord, one_request, advertised_model
 from tandem.prompts import load_prompts
 from tandem import metrics
 
@@ -224,7 +224,7 @@ async def drive(url: str, model: str, prompts: Sequence[str], *, duration_s: flo
                 body = {"model": model, "prompt": prompt, "max_tokens": max_tokens,
                         "temperature": temperature, "seed": index, "stream": True,
                         "stream_options": {"include_usage": True}, "ignore_eos": True}
-                record = await _one(client, endpoint, body, stats.requests, t0)
+                record = await one_request(client, endpoint, body, stats.requests, t0)
                 stats.requests += 1
                 stats.records.append(record)
                 if record.ok:

@@ -9,7 +9,7 @@ protos/tandem/v1/decoding.proto):
                      (one executor per kind of round in edge/rounds/);
 - edge/control/      the draft policies (fixed k, adaptive, peers' rules), chosen by
                      `client.policy` in the config;
-- edge/rounds/       the per-round log and the GenerationResult derived from it.
+- edge/record.py     the per-round log and the GenerationResult derived from it.
 """
 from __future__ import annotations
 
@@ -21,30 +21,21 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from edge.caps import block_length
 from edge.config import DEFAULT_DRAFTER, ClientConfig
 from edge.control.entropy import EntropySwitch
 from edge.control.policy import DraftPolicy, FixedK, make_policy
 from edge.drafting import DraftCursor
 from edge.fast_calibration import FastCalibration
 from edge.generation import Generation
-from edge.link import VerifierLink, check_verdict
-from edge.link.errors import (ClientError, CloudUnavailable, ProtocolError,
-                              VerifierMisconfigured, VerifierRefused, VerifierUnavailable)
+from edge.link import VerifierLink
 from edge.link.monitor import LinkMonitor
 from edge.link.offline import OfflineControl, OfflineMode
-from edge.record import GenerationResult, RoundRecord
+from edge.record import GenerationResult
 from edge.runtime.base import DraftRuntime
-from edge.state import OnRound, OnTokens, truncate
+from edge.state import OnRound, OnTokens
 from tandem.qcodec import codec_for
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
-
-__all__ = ["EdgeClient", "GenerationRequest", "GenerationResult", "RoundRecord", "block_length",
-           "check_verdict", "truncate", "ClientError", "CloudUnavailable", "ProtocolError",
-           "VerifierRefused", "VerifierMisconfigured", "VerifierUnavailable", "OnTokens",
-           "OnRound"]
-
 
 @dataclass
 class GenerationRequest:

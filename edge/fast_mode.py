@@ -28,7 +28,7 @@ from edge.config import DEFAULT_DRAFTER
 from edge.control.policy import Plan
 from edge.drafting import Block
 from edge.fast_calibration import AgreementTally, FastCalibration
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 
 class FastModeGate:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from cloud.config import CloudConfig
 from cloud.server import create_server
 from edge.config import EdgeConfig, resolve_paths
-from edge.daemon.server import DaemonThread, load_engine
+from edge.daemon.server import DaemonThread, load_pool
 from sim.config import SimConfig
 from sim.netem import ChannelProfile, ChannelProxy
 from sim.report import RunSummary, format_table, session_trace, summarize, write_json, write_plots
@@ -111,7 +111,7 @@ def _warm_up(config: SimConfig, verifier_port: int, prompts: list[str]) -> None:
     """Untimed requests straight to the verifier (no link emulator): the target's first
     forward passes are slow, and no profile should pay for them."""
     edge = edge_config_for(config, f"127.0.0.1:{verifier_port}")
-    with DaemonThread(load_engine(edge)) as daemon:
+    with DaemonThread(load_pool(edge)) as daemon:
         asyncio.run(run_workload(daemon.url, edge.daemon.model_name, prompts, max_tokens=config.max_tokens,
                                  concurrency=config.concurrency, temperature=config.temperature,
                                  seed=config.seed, timeout_s=config.request_timeout_s, trace=False))
@@ -124,7 +124,7 @@ def _run_profile(config: SimConfig, profile: ChannelProfile, verifier_port: int,
     with ChannelProxy(profile, upstream=("127.0.0.1", verifier_port)) as proxy:
         host, proxy_port = proxy.address
         edge = edge_config_for(config, f"{host}:{proxy_port}")
-        with DaemonThread(load_engine(edge)) as daemon:
+        with DaemonThread(load_pool(edge)) as daemon:
             t0 = time.monotonic()
             records = asyncio.run(run_workload(
                 daemon.url, edge.daemon.model_name, prompts, max_tokens=config.max_tokens,

@@ -10,7 +10,6 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -49,7 +48,7 @@ class RequestRecord:
         return self.local_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict, index: int, t0: float) -> RequestRecord:
+async def one_request(client: httpx.AsyncClient, url: str, body: dict, index: int, t0: float) -> RequestRecord:
     record = RequestRecord(index=index, ok=False, started_s=time.monotonic() - t0)
     start = time.monotonic()
     pieces: list[str] = []
@@ -111,7 +110,7 @@ async def run_workload(base_url: str, model: str, prompts: list[str], *, max_tok
                     "temperature": temperature, "seed": seed + index, "stream": True,
                     "stream_options": {"include_usage": True}, "tandem_trace": trace}
             async with gate:
-                record = await _one(client, url, body, index, t0)
+                record = await one_request(client, url, body, index, t0)
             if on_done is not None:
                 on_done(record)
             return record

@@ -25,7 +25,7 @@ from sim.cli import main as loadgen_main
 from edge.config import ClientConfig, CloudLinkConfig, DaemonConfig, EdgeConfig
 from edge.daemon.jobs import chat_prompt
 from edge.daemon.openai_schema import ChatMessageIn
-from edge.daemon.server import DaemonThread, load_engine
+from edge.daemon.server import DaemonThread, load_pool
 from edge.runtime import DraftConfig
 
 pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end
@@ -49,7 +49,7 @@ def edge_config(port: int, gguf_path: Path, draft_dir: Path, **daemon) -> EdgeCo
 
 @pytest.fixture(scope="module")
 def daemon(verifier, gguf_path, draft_dir):
-    with DaemonThread(load_engine(edge_config(verifier, gguf_path, draft_dir))) as running:
+    with DaemonThread(load_pool(edge_config(verifier, gguf_path, draft_dir))) as running:
         yield running
 
 
@@ -222,7 +222,7 @@ def test_bad_requests_get_openai_errors_and_the_daemon_keeps_serving(client, dae
 # ---- concurrency, disconnects, metrics --------------------------------------------------------
 
 def test_concurrent_requests_overlap(client, daemon, prompts):
-    engine = daemon.engine
+    pool = daemon.pool
     walls: list[float] = []
     errors: list[BaseException] = []
 
@@ -234,7 +234,7 @@ def test_concurrent_requests_overlap(client, daemon, prompts):
             errors.append(exc)
         walls.append(time.monotonic() - start)
 
-    engine.peak_inflight = 0
+    pool.peak_inflight = 0
     threads = [threading.Thread(target=one, args=(p,)) for p in prompts[:POOL]]
     start = time.monotonic()
     for t in threads:
@@ -243,7 +243,7 @@ def test_concurrent_requests_overlap(client, daemon, prompts):
         t.join(120)
     total = time.monotonic() - start
     assert not errors, errors
-    assert engine.peak_inflight == POOL
+    assert pool.peak_inflight == POOL
     assert total < sum(walls)
 
 
@@ -252,9 +252,9 @@ def test_a_dropped_stream_frees_its_session(client, daemon, prompts):
     next(iter(stream))
     stream.close()
     deadline = time.monotonic() + 30
-    while daemon.engine.health()["inflight"] and time.monotonic() < deadline:
+    while daemon.pool.health()["inflight"] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert daemon.engine.health()["inflight"] == 0
+    assert daemon.pool.health()["inflight"] == 0
     assert completion(client, prompts[0], max_tokens=4).choices[0].finish_reason == "length"
 
 
@@ -288,7 +288,7 @@ def test_unreachable_verifier_gives_unverified_tokens_and_link_down(gguf_path, d
     config = config.model_copy(update={
         "client": ClientConfig(offline_after_s=0.2, retry_initial_backoff_s=0.05, offline_probe_tokens=64),
         "daemon": config.daemon.model_copy(update={"pool_size": 1})})
-    with DaemonThread(load_engine(config)) as offline:
+    with DaemonThread(load_pool(config)) as offline:
         client = openai.OpenAI(base_url=offline.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         out = completion(client, prompts[0], max_tokens=8)
         assert out.usage.completion_tokens == 8
@@ -309,7 +309,7 @@ def test_require_verified_with_the_verifier_away_is_a_503(target_runtime, gguf_p
     body = {"model": MODEL, "prompt": prompts[1], "max_tokens": 8, "temperature": 0,
             "offline": "require_verified"}
     try:
-        with DaemonThread(load_engine(config)) as running:
+        with DaemonThread(load_pool(config)) as running:
             served = httpx.post(running.url + "/v1/completions", json=body, timeout=60)
             assert served.status_code == 200 and served.json()["tandem"]["verified_fraction"] == 1.0
             server.stop(0).wait()  # the verifier goes away; the daemon stays up
@@ -333,7 +333,7 @@ def test_a_verifier_that_refuses_the_session_is_a_502(target_runtime, gguf_path,
         "cloud": config.cloud.model_copy(update={"api_key": "a-wrong-key"}),
         "daemon": config.daemon.model_copy(update={"pool_size": 1})})
     try:
-        with DaemonThread(load_engine(config)) as refused:
+        with DaemonThread(load_pool(config)) as refused:
             client = openai.OpenAI(base_url=refused.url + "/v1", api_key="unused", max_retries=0, timeout=60)
             for _ in range(2):  # the daemon answers the same way again: it kept serving
                 with pytest.raises(openai.APIStatusError) as info:

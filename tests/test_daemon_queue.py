@@ -19,7 +19,7 @@ from verifier_harness import edge_tokenizer, reference, target_runtime, verifier
 from waiting import wait_for
 
 from edge.config import ClientConfig, CloudLinkConfig, DaemonConfig, EdgeConfig
-from edge.daemon.server import DaemonThread, load_engine
+from edge.daemon.server import DaemonThread, load_pool
 from edge.runtime import DraftConfig
 
 pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end
@@ -41,7 +41,7 @@ def start_daemon(port: int, gguf_path, draft_dir, pool_size: int, max_waiting: i
         client=ClientConfig(draft_length=4),
         daemon=DaemonConfig(port=0, pool_size=pool_size, max_waiting=max_waiting,
                             max_tokens_limit=128, max_prompt_tokens=200))
-    return DaemonThread(load_engine(config)).start()
+    return DaemonThread(load_pool(config)).start()
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +103,11 @@ def body(kind: str, prompt: str) -> dict:
 def start_in_order(daemon: DaemonThread, streams: list[Stream]) -> list[threading.Thread]:
     """Start the streams one at a time, each once the daemon holds the one before it (running or
     waiting), so their arrival order is the list's."""
-    engine, threads = daemon.engine, []
+    pool, threads = daemon.pool, []
     for i, stream in enumerate(streams):
         threads.append(threading.Thread(target=stream.run))
         threads[-1].start()
-        wait_for(lambda: engine.inflight + engine.waiting == i + 1, f"request {i} admitted")
+        wait_for(lambda: pool.inflight + pool.waiting == i + 1, f"request {i} admitted")
     return threads
 
 

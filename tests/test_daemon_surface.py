@@ -25,7 +25,7 @@ from edge.daemon.app import error_response
 from edge.daemon.chat_template import ChatTemplate
 from edge.daemon.errors import QueueFull, ServiceUnavailable, from_validation_errors
 from edge.daemon.openai_schema import ChatCompletionRequest, CompletionRequest
-from edge.daemon.server import DaemonThread, check_exposure, load_engine
+from edge.daemon.server import DaemonThread, check_exposure, load_pool
 from edge.runtime import DraftConfig
 from tandem.config import ConfigError
 
@@ -93,7 +93,7 @@ def daemon(verifier, gguf_path, chat_tokenizer_dir):
         client=ClientConfig(draft_length=4),
         daemon=DaemonConfig(port=0, pool_size=2, max_tokens_limit=64, max_prompt_tokens=300,
                             api_key=KEY, cors_origins=[ORIGIN], max_body_bytes=BODY_LIMIT))
-    with DaemonThread(load_engine(config)) as running:
+    with DaemonThread(load_pool(config)) as running:
         yield running
 
 
@@ -192,7 +192,7 @@ def test_strict_mode_refuses_unknown_fields_naming_them(verifier, gguf_path, dra
         draft=DraftConfig(backend="llama.cpp", model_path=gguf_path, tokenizer_dir=draft_dir,
                           n_ctx=512, threads=1),
         daemon=DaemonConfig(port=0, pool_size=1, strict_openai=True))
-    with DaemonThread(load_engine(config)) as strict:
+    with DaemonThread(load_pool(config)) as strict:
         client = openai.OpenAI(base_url=strict.url + "/v1", api_key="unused", max_retries=0)
         with pytest.raises(openai.BadRequestError) as info:
             client.completions.create(model=MODEL, prompt="def f(", max_tokens=4,

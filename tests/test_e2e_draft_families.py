@@ -21,7 +21,7 @@ from verifier_harness import Reference, channel_to, client_for, start_verifier
 from cloud.runtime.target import TargetRuntime
 from edge.client import GenerationRequest
 from edge.config import ClientConfig, CloudLinkConfig, DaemonConfig, EdgeConfig
-from edge.daemon.server import DaemonThread, load_engine
+from edge.daemon.server import DaemonThread, load_pool
 from edge.runtime import DraftConfig
 from edge.runtime.llama_runtime import LlamaDraftRuntime
 from edge.tokenizer import EdgeTokenizer
@@ -103,7 +103,7 @@ def test_sentencepiece_models_stream_the_targets_text(spm_models):
         daemon=DaemonConfig(port=0, pool_size=1, max_tokens_limit=64, max_prompt_tokens=200))
     tokenizer, reference = EdgeTokenizer(target_dir), Reference(target_dir)
     try:
-        with DaemonThread(load_engine(config)) as daemon:
+        with DaemonThread(load_pool(config)) as daemon:
             client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0,
                                    timeout=120)
             for prompt in (MULTIBYTE_TEXT, "the quick brown 🙂"):

@@ -19,7 +19,7 @@ from verifier_harness import edge_tokenizer, prompt_ids, target_runtime  # noqa:
 from bench.startup_race import run_race
 from edge.config import EdgeConfig, resolve_paths
 from edge.daemon.responses import UNVERIFIED_TOKENS_HEADER, VERIFIED_FRACTION_HEADER
-from edge.daemon.server import DaemonThread, load_engine
+from edge.daemon.server import DaemonThread, load_pool
 from tandem.config import load_config, resolve_path
 from tandem.sampling import SamplingParams, warp
 
@@ -83,7 +83,7 @@ def shipped_daemon(target_runtime):
             "cloud": {"address": f"127.0.0.1:{port}"},
             "daemon": {"host": "127.0.0.1", "port": 0, "pool_size": 2}}))
         assert config.client.offline == "wait"  # (and client.policy is not the entropy switch)
-        daemon = DaemonThread(load_engine(config)).start()
+        daemon = DaemonThread(load_pool(config)).start()
         try:
             yield daemon
         finally:

@@ -21,7 +21,7 @@ from edge.drafting import Block
 from edge.fast_calibration import (BUCKETS, CONFIDENCE_EDGES, FastCalibration, ModelCalibration,
                                    bucket, monotone)
 from edge.fast_mode import FastModeGate
-from edge.rounds import RoundRecord
+from edge.record import RoundRecord
 
 pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
 

@@ -23,7 +23,7 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
 from edge.client import GenerationRequest
 from edge.config import (CloudLinkConfig, ClientConfig, DaemonConfig, EdgeConfig,
                          EntropySwitchConfig, LadderModelConfig)
-from edge.daemon.server import DaemonThread, load_engine
+from edge.daemon.server import DaemonThread, load_pool
 from edge.runtime import DraftConfig
 
 pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
@@ -43,7 +43,7 @@ def daemon(verifier, gguf_path, draft_dir, small_dir):
         client=ClientConfig(policy="entropy", draft_length=4, max_unverified_run=32,
                             entropy=EntropySwitchConfig(start_state="easy")),
         daemon=DaemonConfig(port=0, pool_size=1, max_tokens_limit=64, max_prompt_tokens=400))
-    with DaemonThread(load_engine(config)) as running:
+    with DaemonThread(load_pool(config)) as running:
         yield running
 
 
@@ -71,7 +71,7 @@ def test_a_fast_request_reports_its_agreement_and_keeps_to_it(daemon, prompt_ids
     # The same pooled client, asked directly, shows each round: every token emitted unverified
     # was drafted at or above a cut the calibration gave, and every verified token is the
     # target's greedy choice after the emitted prefix.
-    client = daemon.engine._clients[0]
+    client = daemon.pool._clients[0]
     calibration, cuts = client.calibration, []
     real_cut = calibration.cut
 

@@ -36,8 +36,8 @@ from bench.load import cloud_info, free_port
 from cloud.config import CloudConfig
 from cloud.server import create_server
 from edge.cli import main as edge_main
-from edge.client import (EdgeClient, GenerationRequest, VerifierMisconfigured,
-                         VerifierUnavailable)
+from edge.client import EdgeClient, GenerationRequest
+from edge.link.errors import VerifierMisconfigured, VerifierUnavailable
 from edge.config import ClientConfig, CloudLinkConfig
 from edge.link import make_channel
 from edge.link.monitor import LinkMonitor
@@ -378,7 +378,7 @@ def test_daemon_link_state_is_probed_and_a_cancelled_request_frees_its_slot_at_o
     import httpx
 
     from edge.config import DaemonConfig, EdgeConfig
-    from edge.daemon.server import DaemonThread, load_engine
+    from edge.daemon.server import DaemonThread, load_pool
     from edge.runtime import DraftConfig
 
     slot_freed_s = 0.5
@@ -395,7 +395,7 @@ def test_daemon_link_state_is_probed_and_a_cancelled_request_frees_its_slot_at_o
 
     verifier.signal(signal.SIGSTOP)
     try:
-        daemon = DaemonThread(load_engine(config)).start()
+        daemon = DaemonThread(load_pool(config)).start()
         first = health(daemon.url)
     finally:
         verifier.signal(signal.SIGCONT)
@@ -435,7 +435,7 @@ def test_daemon_stream_flags_every_delta_through_a_stall(verifier, draft_dir, gg
     import httpx
 
     from edge.config import DaemonConfig, EdgeConfig
-    from edge.daemon.server import DaemonThread, load_engine
+    from edge.daemon.server import DaemonThread, load_pool
     from edge.runtime import DraftConfig
 
     config = EdgeConfig(
@@ -450,7 +450,7 @@ def test_daemon_stream_flags_every_delta_through_a_stall(verifier, draft_dir, gg
     body = {"model": "tandem-draft", "prompt": prompt, "max_tokens": 300, "temperature": 0,
             "stream": True, "ignore_eos": True}
     chunks: list[dict] = []
-    daemon = DaemonThread(load_engine(config)).start()
+    daemon = DaemonThread(load_pool(config)).start()
     try:
         with httpx.Client(timeout=60) as http, \
                 http.stream("POST", daemon.url + "/v1/completions", json=body) as response:

@@ -20,7 +20,8 @@ from verifier_harness import channel_to
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime, verifier)
 
-from edge.client import EdgeClient, GenerationRequest, VerifierRefused
+from edge.client import EdgeClient, GenerationRequest
+from edge.link.errors import VerifierRefused
 from edge.config import DEFAULT_DRAFTER, ClientConfig, EntropySwitchConfig, FastModeConfig
 from edge.control.policy import DraftPolicy, Plan, RoundView
 from edge.runtime import DraftConfig, load_draft_runtime
@@ -238,7 +239,7 @@ def test_daemon_keeps_the_ladder_loaded_and_reports_the_verified_share(
     import httpx
 
     from edge.config import CloudLinkConfig, DaemonConfig, EdgeConfig, LadderModelConfig
-    from edge.daemon.server import DaemonThread, load_engine
+    from edge.daemon.server import DaemonThread, load_pool
 
     config = EdgeConfig(
         cloud=CloudLinkConfig(address=f"127.0.0.1:{verifier}"),
@@ -251,7 +252,7 @@ def test_daemon_keeps_the_ladder_loaded_and_reports_the_verified_share(
         daemon=DaemonConfig(port=0, pool_size=1, max_tokens_limit=64, max_prompt_tokens=400))
     body = {"model": "tandem-draft", "prompt": heldout_prompts[0][-300:], "max_tokens": 24,
             "temperature": 0, "ignore_eos": True}
-    with DaemonThread(load_engine(config)) as daemon:
+    with DaemonThread(load_pool(config)) as daemon:
         assert set(daemon.engine._clients[0].cursors) == {DEFAULT_DRAFTER, "small"}
         fast = httpx.post(f"{daemon.url}/v1/completions", timeout=120,
                           json={**body, "mode": "fast", "max_unverified_run": 4}).json()["tandem"]

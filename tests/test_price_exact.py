@@ -24,7 +24,7 @@ from cloud.config import BatchSettings, CloudConfig, ModelSettings, ServerSettin
 from cloud.server import create_server
 from edge.client import EdgeClient, GenerationRequest
 from edge.config import ClientConfig, CloudLinkConfig, DaemonConfig, DeviceProfile, EdgeConfig
-from edge.daemon.server import DaemonThread, load_engine
+from edge.daemon.server import DaemonThread, load_pool
 from edge.runtime import DraftConfig
 from edge.control.adaptive import AdaptivePolicy
 from edge.control.policy import Plan, RoundView
@@ -152,7 +152,7 @@ def slow_device_daemon(dear_link, gguf_path, draft_dir):
                           n_ctx=512, threads=1),
         client=ClientConfig(policy="adaptive", device=DeviceProfile(max_draft_tokens_per_s=5)),
         daemon=DaemonConfig(port=0, pool_size=1, max_tokens_limit=64))
-    with DaemonThread(load_engine(config)) as running:
+    with DaemonThread(load_pool(config)) as running:
         yield running
 
 

@@ -245,3 +245,15 @@ def long_functions(root: Path = ROOT) -> list[str]:
 
 def test_no_function_over_80_lines():
     assert not long_functions(), long_functions()
+
+
+def test_no_private_name_is_imported_across_modules():
+    """A leading underscore says "this module's own": another module that needs it needs a public
+    name (the tests may reach in; the product may not)."""
+    crossing = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and not name.startswith("tandem.v1"):
+                crossing += [f"{name}: {node.module}.{alias.name}" for alias in node.names
+                             if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert not crossing, crossing

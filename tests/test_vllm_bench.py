@@ -16,7 +16,7 @@ import torch
 from verifier_harness import target_runtime, verifier  # noqa: F401 (fixtures)
 
 from edge.config import ClientConfig, CloudLinkConfig, DaemonConfig, EdgeConfig
-from edge.daemon.server import DaemonThread, load_engine
+from edge.daemon.server import DaemonThread, load_pool
 from edge.runtime import DraftConfig
 
 pytestmark = [pytest.mark.e2e,  # real verifier, daemon or processes end to end
@@ -48,7 +48,7 @@ def test_vllm_bench_serve_against_the_daemon(verifier, gguf_path, draft_dir, tmp
                           n_ctx=512, threads=1),
         client=ClientConfig(draft_length=4),
         daemon=DaemonConfig(port=0, pool_size=POOL, max_waiting=PROMPTS))
-    with DaemonThread(load_engine(config)) as daemon:
+    with DaemonThread(load_pool(config)) as daemon:
         sum_before, count_before = ttft_sum_count(daemon.url)
         done = subprocess.run(
             [str(VLLM), "bench", "serve", "--backend", "openai-chat", "--base-url", daemon.url,

@@ -101,7 +101,7 @@ class TargetRuntime:
         self.name = name or self.model_dir.name  # what Info reports and Open.model must match
         self.fingerprint = tokenizer_fingerprint(tokenizer)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
-        self.max_context = _max_context(self.model.config, tokenizer)
+        self.max_context = model_context_limit(self.model.config, tokenizer)
         self.pool = KVPool(self.device, max_capacity=self.max_context)
         self.forward_passes = 0  # passes run so far (tests use it to see "no compute")
         self.path = self._choose_path(serving_path)
@@ -314,7 +314,7 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0].split('. ')[0][:240]}"
 
 
-def _max_context(config, tokenizer) -> int:
+def model_context_limit(config, tokenizer) -> int:
     text_config = config.get_text_config()
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(text_config, name, None)

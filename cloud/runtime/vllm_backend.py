@@ -103,7 +103,7 @@ class VllmBackend(TargetBackend):
                 "hosts: pip install vllm)") from exc
         from transformers import AutoConfig, AutoTokenizer
 
-        from cloud.runtime.target import _max_context
+        from cloud.runtime.target import model_context_limit
 
         started = time.perf_counter()
         self.model_dir = Path(model.resolved_path())
@@ -117,7 +117,7 @@ class VllmBackend(TargetBackend):
         self.fingerprint = tokenizer_fingerprint(tokenizer)
         text = config.get_text_config()
         self.vocab_size = int(text.vocab_size)
-        own_limit = _max_context(config, tokenizer)
+        own_limit = model_context_limit(config, tokenizer)
         self.max_context = min(settings.max_model_len or own_limit, own_limit)
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         refuse_unsupported_head_dim(str(getattr(config, "model_type", "?")), head_dim)

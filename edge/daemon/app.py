@@ -40,7 +40,7 @@ from edge.daemon.errors import (ApiError, BadRequest, BodyTooLarge, MethodNotAll
 from edge.daemon.metrics import DaemonMetrics
 from edge.daemon.output import GenerationOutput
 from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, CompletionRequest,
-                                       _Request, _surrogate_path)
+                                       OpenAIRequest, surrogate_path)
 from edge.daemon.responses import (chat_events, chat_response, completion_events,
                                    completion_response, verification_headers,
                                    VERIFIED_FRACTION_HEADER, UNVERIFIED_TOKENS_HEADER)
@@ -67,8 +67,8 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int] = Field(max_length=1_000_000)
 
 
-def create_app(engine: GenerationPool) -> FastAPI:
-    config = engine.config
+def create_app(pool: GenerationPool) -> FastAPI:
+    config = pool.config
     app = FastAPI(title="Tandem edge daemon", docs_url=None, redoc_url=None, openapi_url=None)
     # add_middleware puts each one outside the ones before it.
     app.add_middleware(_BodyLimit, limit=config.max_body_bytes)
@@ -79,7 +79,7 @@ def create_app(engine: GenerationPool) -> FastAPI:
                            allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
                            expose_headers=[VERIFIED_FRACTION_HEADER, UNVERIFIED_TOKENS_HEADER],
                            allow_credentials="*" not in config.cors_origins)
-    app.add_middleware(_AccessLog, metrics=engine.metrics)
+    app.add_middleware(_AccessLog, metrics=pool.metrics)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -104,7 +104,7 @@ def create_app(engine: GenerationPool) -> FastAPI:
         error.status = exc.status_code
         return error_response(error)
 
-    def check_fields(req: _Request, endpoint: str) -> None:
+    def check_fields(req: OpenAIRequest, endpoint: str) -> None:
         """Unknown fields: a logged warning, or a 400 in strict mode (daemon.strict_openai)."""
         unknown = list(req.unknown_fields)
         if isinstance(req, CompletionRequest) and req.suffix:
@@ -119,14 +119,14 @@ def create_app(engine: GenerationPool) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        body = engine.health()
+        body = pool.health()
         ready = body.get("status") == "ok"
         return JSONResponse(body, status_code=200 if ready else 503,
                             headers=None if ready else {"Retry-After": "1"})
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
-        return JSONResponse(engine.health())
+        return JSONResponse(pool.health())
 
     @app.get("/version")
     async def version_() -> JSONResponse:
@@ -134,24 +134,24 @@ def create_app(engine: GenerationPool) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(pool.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse(engine.jobs.models().model_dump())
+        return JSONResponse(pool.jobs.models().model_dump())
 
     @app.get("/v1/models/{model_id}")
     async def model(model_id: str) -> JSONResponse:
-        engine.jobs.check_model(model_id)
-        return JSONResponse(engine.jobs.model_card().model_dump())
+        pool.jobs.check_model(model_id)
+        return JSONResponse(pool.jobs.model_card().model_dump())
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> JSONResponse:
         if req.model is not None:
-            engine.jobs.check_model(req.model)
+            pool.jobs.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise BadRequest("send either `prompt` or `messages`", param="prompt")
-        if _surrogate_path(req.prompt) is not None:
+        if surrogate_path(req.prompt) is not None:
             raise BadRequest("prompt holds a lone UTF-16 surrogate", param="prompt")
         if req.messages is not None:
             try:
@@ -160,43 +160,43 @@ def create_app(engine: GenerationPool) -> FastAPI:
             except ValidationError as exc:  # e.g. an empty list: a 400, as for chat requests
                 raise BadRequest(f"messages: {exc.errors()[0]['msg']}",
                                      param="messages") from exc
-            ids = list((await run_in_threadpool(engine.jobs.chat_job, chat)).prompt_ids)
+            ids = list((await run_in_threadpool(pool.jobs.chat_job, chat)).prompt_ids)
         else:
-            ids = await run_in_threadpool(engine.tokenizer.encode, req.prompt)
-        return JSONResponse({"count": len(ids), "max_model_len": engine.jobs.context_limit,
+            ids = await run_in_threadpool(pool.tokenizer.encode, req.prompt)
+        return JSONResponse({"count": len(ids), "max_model_len": pool.jobs.context_limit,
                              "tokens": ids})
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> JSONResponse:
         if req.model is not None:
-            engine.jobs.check_model(req.model)
-        vocab = engine.tokenizer.vocab_size
+            pool.jobs.check_model(req.model)
+        vocab = pool.tokenizer.vocab_size
         bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
         if bad is not None:
             raise BadRequest(f"token id {bad} outside the vocabulary [0, {vocab})",
                                  param="tokens")
-        text = await run_in_threadpool(engine.tokenizer.decode, req.tokens)
+        text = await run_in_threadpool(pool.tokenizer.decode, req.tokens)
         return JSONResponse({"prompt": text})
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         arrived = time.monotonic()  # the origin of queue_s and TTFT
         check_fields(req, "/v1/completions")
-        engine.jobs.check_model(req.model)
+        pool.jobs.check_model(req.model)
         # Tokenizing can take a while for long prompts: off the event loop.
-        jobs = [await run_in_threadpool(engine.jobs.completion_job, req, prompt)
+        jobs = [await run_in_threadpool(pool.jobs.completion_job, req, prompt)
                 for prompt in req.prompts]
         echoes = [text if req.echo else "" for _, text in jobs]
         if req.stream:
             # Admitted now: an overload is still a 503. The later prompts run one after
             # another, each arriving when the one before it ends.
-            first = engine.stream(jobs[0][0], arrived)
-            streams = [lambda: first] + [partial(engine.stream, job) for job, _ in jobs[1:]]
+            first = pool.stream(jobs[0][0], arrived)
+            streams = [lambda: first] + [partial(pool.stream, job) for job, _ in jobs[1:]]
             events = completion_events(streams, req.model, req.include_usage_chunk, echoes,
                                        on_done=partial(_note_outputs, request),
                                        continuous_usage=req.continuous_usage)
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-        outs = await asyncio.gather(*(engine.complete(job, arrived) for job, _ in jobs))
+        outs = await asyncio.gather(*(pool.complete(job, arrived) for job, _ in jobs))
         _note_outputs(request, outs)
         return JSONResponse(completion_response(outs, req.model, echoes,
                                                 req.return_token_ids).model_dump(),
@@ -206,14 +206,14 @@ def create_app(engine: GenerationPool) -> FastAPI:
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         arrived = time.monotonic()  # the origin of queue_s and TTFT
         check_fields(req, "/v1/chat/completions")
-        engine.jobs.check_model(req.model)
-        job = await run_in_threadpool(engine.jobs.chat_job, req)
+        pool.jobs.check_model(req.model)
+        job = await run_in_threadpool(pool.jobs.chat_job, req)
         if req.stream:
-            events = chat_events(engine.stream(job, arrived), req.model, req.include_usage_chunk,
+            events = chat_events(pool.stream(job, arrived), req.model, req.include_usage_chunk,
                                  on_done=partial(_note_outputs, request),
                                  continuous_usage=req.continuous_usage)
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-        out = await engine.complete(job, arrived)
+        out = await pool.complete(job, arrived)
         _note_outputs(request, [out])
         return JSONResponse(chat_response(out, req.model).model_dump(),
                             headers=verification_headers([out]))

@@ -1,6 +1,6 @@
 """Domain errors of the daemon and their OpenAI-style HTTP form.
 
-The engine raises these; the app maps each to its status code and the body
+The pool raises these; the app maps each to its status code and the body
 `{"error": {"message", "type", "param", "code"}}` that OpenAI clients parse into their
 exception classes (400 BadRequestError, 404 NotFoundError, ...).
 """

@@ -51,7 +51,7 @@ class DaemonMetrics:
         self._request_seconds = histogram("request_duration_seconds",
                                           "wall time of a generation request",
                                           _SECONDS_BUCKETS, ("endpoint",))
-        # Children bound to the model label, so the engine can inc()/dec() them directly.
+        # Children bound to the model label, so the pool can inc()/dec() them directly.
         self.inflight = Gauge("inflight_sessions", "generations running now (one draft runtime "
                               "each)", ("model",), namespace=ns, registry=registry).labels(**m)
         self.waiting = Gauge("waiting_requests", "requests waiting for a free draft runtime",

@@ -28,7 +28,7 @@ UINT64 = 2**64
 UINT32 = 2**32
 
 
-def _surrogate_path(value: Any, path: str = "") -> str | None:
+def surrogate_path(value: Any, path: str = "") -> str | None:
     """The location of the first string holding a lone surrogate (not encodable as UTF-8)."""
     if isinstance(value, str):
         try:
@@ -43,7 +43,7 @@ def _surrogate_path(value: Any, path: str = "") -> str | None:
     else:
         return None
     for key, item in items:
-        found = _surrogate_path(item, f"{path}.{key}" if path else str(key))
+        found = surrogate_path(item, f"{path}.{key}" if path else str(key))
         if found is not None:
             return found
     return None
@@ -52,7 +52,7 @@ def _surrogate_path(value: Any, path: str = "") -> str | None:
 # Requests
 
 
-class _Request(BaseModel):
+class OpenAIRequest(BaseModel):
     # Unknown fields are kept in `model_extra`; the app warns about them (or refuses them in
     # strict mode) instead of failing every client that sends one more option.
     model_config = ConfigDict(extra="allow")
@@ -102,13 +102,13 @@ class _Request(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
-        where = _surrogate_path(data)
+        where = surrogate_path(data)
         if where is not None:
             raise ValueError(f"{where}: text holds a lone UTF-16 surrogate (not valid Unicode)")
         return data
 
     @model_validator(mode="after")
-    def _nulls_are_defaults(self) -> _Request:
+    def _nulls_are_defaults(self) -> OpenAIRequest:
         # OpenAI clients send explicit nulls for options they leave unset.
         for name in ("temperature", "top_p", "top_k", "n", "stream", "frequency_penalty",
                      "presence_penalty"):
@@ -190,7 +190,7 @@ class StreamOptions(BaseModel):
                                                                    "usage so far in every chunk")
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(OpenAIRequest):
     """POST /v1/completions. `prompt` is text, a list of token ids, or a list of several of
     either (one choice per prompt, `index` in order)."""
 
@@ -290,7 +290,7 @@ class ChatMessageIn(BaseModel):
         return out
 
 
-class ChatCompletionRequest(_Request):
+class ChatCompletionRequest(OpenAIRequest):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessageIn] = Field(min_length=1)
@@ -511,6 +511,6 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-_Request.model_rebuild()
+OpenAIRequest.model_rebuild()
 CompletionRequest.model_rebuild()
 ChatCompletionRequest.model_rebuild()

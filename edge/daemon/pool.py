@@ -18,8 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 
-from edge.client import (CloudUnavailable, EdgeClient, GenerationRequest, GenerationResult,
-                         ProtocolError, RoundRecord, VerifierRefused, VerifierUnavailable)
+from edge.client import EdgeClient, GenerationRequest
 from edge.config import ClientConfig, DaemonConfig
 from edge.daemon.errors import (ApiError, GenerationFailed, GenerationTimeout, QueueFull,
                                 ServiceUnavailable, VerifierError)
@@ -29,8 +28,10 @@ from edge.daemon.openai_schema import TandemStats
 from edge.daemon.output import (FinishReason, GenerationOutput, OnText, TextOutput, TextStream,
                                 build_stats)
 from edge.fast_calibration import FastCalibration
+from edge.link.errors import CloudUnavailable, ProtocolError, VerifierRefused, VerifierUnavailable
 from edge.link.monitor import LinkMonitor
 from edge.link_state import LinkState
+from edge.record import GenerationResult, RoundRecord
 from edge.runtime.base import DraftRuntime
 from edge.tokenizer import EdgeTokenizer
 

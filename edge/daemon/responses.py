@@ -180,5 +180,5 @@ async def _guarded(stream: TextStream) -> AsyncIterator[TextDelta | GenerationOu
     try:
         async for item in stream:
             yield item
-    except ApiError as exc:  # the engine turns every failure of a generation into an ApiError
+    except ApiError as exc:  # the pool turns every failure of a generation into an ApiError
         yield exc

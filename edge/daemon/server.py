@@ -1,8 +1,8 @@
-"""The daemon's server: load the engine from an EdgeConfig and serve the HTTP API with uvicorn
+"""The daemon's server: load the pool from an EdgeConfig and serve the HTTP API with uvicorn
 (`tandem-edge serve`, see command.py).
 
 SIGTERM / SIGINT stop it cleanly: uvicorn stops accepting, finishes open responses, then the
-engine halts running generations, waits for its workers and closes the runtimes and the channel.
+pool halts running generations, waits for its workers and closes the runtimes and the channel.
 `DaemonThread` runs the same server in a background thread (tests, the simulation).
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from tandem.config import ConfigError
 log = logging.getLogger(__name__)
 
 
-def load_engine(config: EdgeConfig, registry: CollectorRegistry | None = None) -> GenerationPool:
+def load_pool(config: EdgeConfig, registry: CollectorRegistry | None = None) -> GenerationPool:
     """Load pool_size draft runtimes, the tokenizer and the channel named by `config`."""
     tokenizer = EdgeTokenizer(config.draft.resolved_tokenizer_dir)
     runtimes = []
@@ -61,9 +61,9 @@ def load_engine(config: EdgeConfig, registry: CollectorRegistry | None = None) -
 class _Server(uvicorn.Server):
     """uvicorn's server, logging one line once it listens (with the port really bound)."""
 
-    def __init__(self, config: uvicorn.Config, engine: GenerationPool, verifier: str) -> None:
+    def __init__(self, config: uvicorn.Config, pool: GenerationPool, verifier: str) -> None:
         super().__init__(config)
-        self._engine = engine
+        self._pool = pool
         self._verifier = verifier
 
     async def startup(self, sockets=None) -> None:
@@ -71,19 +71,19 @@ class _Server(uvicorn.Server):
         if not self.started:
             return
         bound = [s.getsockname() for server in self.servers for s in server.sockets]
-        daemon = self._engine.config
+        daemon = self._pool.config
         log.info("listening on %s, model %s (%s draft), verifier %s, %s", ", ".join(
             f"http://{addr[0]}:{addr[1]}" for addr in bound), daemon.model_name,
-            self._engine.backend, self._verifier,
+            self._pool.backend, self._verifier,
             "API key required" if daemon.api_key else "no API key")
 
 
-def _uvicorn(engine: GenerationPool, host: str, port: int, verifier: str = "?") -> uvicorn.Server:
+def _uvicorn(pool: GenerationPool, host: str, port: int, verifier: str = "?") -> uvicorn.Server:
     # uvicorn's own access log is off: app._AccessLog writes one line with the token count.
-    level = "debug" if engine.config.log_level == "trace" else engine.config.log_level
-    return _Server(uvicorn.Config(create_app(engine), host=host, port=port, log_level=level,
+    level = "debug" if pool.config.log_level == "trace" else pool.config.log_level
+    return _Server(uvicorn.Config(create_app(pool), host=host, port=port, log_level=level,
                                   access_log=False, lifespan="off", timeout_graceful_shutdown=5),
-                   engine, verifier)
+                   pool, verifier)
 
 
 def check_exposure(daemon: DaemonConfig) -> None:
@@ -124,13 +124,13 @@ def serve(config: EdgeConfig) -> None:
     check_exposure(config.daemon)
     sock = bind(config.daemon.host, config.daemon.port)  # a port in use fails here, in one line
     try:
-        engine = load_engine(config)
+        pool = load_pool(config)
     except BaseException:
         sock.close()
         raise
-    server = _uvicorn(engine, config.daemon.host, config.daemon.port, config.cloud.address)
+    server = _uvicorn(pool, config.daemon.host, config.daemon.port, config.cloud.address)
     # uvicorn handles SIGTERM/SIGINT while it runs, then restores the previous handlers and
-    # re-raises the signal: with these in place the re-raise only lands here, so the engine
+    # re-raises the signal: with these in place the re-raise only lands here, so the pool
     # still closes and the process exits 0 rather than dying of the signal.
     stops: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -138,7 +138,7 @@ def serve(config: EdgeConfig) -> None:
     try:
         server.run(sockets=[sock])
     finally:
-        engine.close()
+        pool.close()
         sock.close()
     log.info("stopped (%s)", ", ".join(signal.Signals(s).name for s in stops) or "server exit")
 
@@ -146,9 +146,9 @@ def serve(config: EdgeConfig) -> None:
 class DaemonThread:
     """The daemon's HTTP server in a background thread on `host:port` (0 = a free port)."""
 
-    def __init__(self, engine: GenerationPool, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.engine = engine
-        self._server = _uvicorn(engine, host, port)
+    def __init__(self, pool: GenerationPool, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.pool = pool
+        self._server = _uvicorn(pool, host, port)
         self._thread = threading.Thread(target=self._server.run, name="tandem-daemon", daemon=True)
         self.host = host
         self.port = 0
@@ -170,7 +170,7 @@ class DaemonThread:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=30)
-        self.engine.close()
+        self.pool.close()
 
     def __enter__(self) -> DaemonThread:
         return self.start()

@@ -8,9 +8,5 @@
   cloud.py       the verifier generates tokens itself (cloud-generates)
 
 The record lives at the ground floor (edge/record.py), so the policies (edge/control/) and
-state.py read it without importing this package; it is re-exported here for the callers
-that still import it from edge.rounds.
+state.py read it without importing this package.
 """
-from edge.record import END_REASONS, GenerationResult, RoundRecord, block_record
-
-__all__ = ["END_REASONS", "GenerationResult", "RoundRecord", "block_record"]
