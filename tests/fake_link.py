@@ -3,7 +3,7 @@
 `ScriptedLink` has the surface of edge.link.VerifierLink that the executors (edge/rounds/), the
 reconnect logic and the dispatcher (edge/generation.py) use; it answers every Open and every
 wait from a script, in order, and records what the loop sent. Verdicts go through the real
-link's parsing and checks (edge.link.verifier.read_verdict / read_generated), so a script that
+link's parsing and checks (edge.link.verifier_link.read_verdict / read_generated), so a script that
 answers what no verifier may (a discarded verdict where none is allowed, more accepted than
 drafted) fails as it would on the wire.
 
@@ -23,7 +23,7 @@ import torch
 from edge.drafting import Block, DraftCursor
 from edge.link import STOP_POLL_S, Sent, WaitRule
 from edge.link.errors import Stopped
-from edge.link.verifier import LinkTotals, read_generated, read_verdict
+from edge.link.verifier_link import LinkTotals, read_generated, read_verdict
 from edge.runtime.base import DraftRuntime
 from tandem.v1 import decoding_pb2 as pb
 

@@ -14,7 +14,7 @@ from edge.config import AdaptiveConfig, ClientConfig, DeviceProfile
 from edge.control import FixedK, Plan, RoundView, make_policy, policy_names
 from edge.control.acceptance import AcceptanceEstimator
 from edge.control.adaptive import CLOUD_FAILED_RETRY_ROUNDS, CLOUD_RETRY_ROUNDS, AdaptivePolicy
-from edge.control.link_estimate import ChannelEstimator
+from edge.control.link_estimate import LinkEstimator
 from edge.control.costs import PREFILL_SPIKE_CAP
 from edge.control.options import CLOUD_SETTLED_RUN_S, EXPLORE_EVIDENCE, STALE_EVIDENCE_TOKENS
 from edge.record import RoundRecord
@@ -189,8 +189,8 @@ def test_k_shrinks_when_the_uplink_collapses():
     before = steady_k(policy, Link(latency_s=0.050), draft, rng)
     after = steady_k(policy, Link(latency_s=0.050, seconds_per_byte=1 / 500), draft, rng,
                      rounds=120)
-    assert policy.costs.channel.seconds_per_byte > 1e-3
-    assert policy.costs.channel.latency_s == pytest.approx(0.050, rel=0.3)
+    assert policy.costs.link.seconds_per_byte > 1e-3
+    assert policy.costs.link.latency_s == pytest.approx(0.050, rel=0.3)
     assert after < before, (before, after)
 
 
@@ -199,7 +199,7 @@ def test_jitter_alone_is_not_a_slow_uplink():
     policy = adaptive()
     run(policy, Link(latency_s=0.040, jitter_s=0.020), Draft(alpha=0.9), 200, rng)
     # 20 ms of jitter on ~30 B blocks would be ~1 ms/B if fitted naively.
-    assert policy.costs.channel.seconds_per_byte < 2e-4
+    assert policy.costs.link.seconds_per_byte < 2e-4
 
 
 def test_device_budgets_are_respected():
@@ -331,7 +331,7 @@ def test_the_choice_follows_the_link():
     assert policy.last_choice["mode"] == "speculate"
     run(policy, Link(latency_s=0.300, server_s=0.030), draft, 20, rng)
     assert policy.last_choice["mode"] == "cloud"
-    assert policy.costs.channel.latency_s == pytest.approx(0.300, rel=0.2)
+    assert policy.costs.link.latency_s == pytest.approx(0.300, rel=0.2)
     log = run(policy, Link(latency_s=0.001, server_s=0.030), draft, 20, rng)
     assert policy.last_choice["mode"] == "speculate"
     assert not any(plan.cloud_generate for plan, _ in log[-10:])
@@ -561,7 +561,7 @@ def test_reaction_to_an_rtt_step_is_bounded(before, after):
     rng = random.Random(1)
     run(probe, Link(latency_s=before), draft, 50, rng)
     run(probe, Link(latency_s=after), draft, 7, rng)
-    assert abs(probe.costs.channel.latency_s - after) <= 0.1 * abs(after - before)
+    assert abs(probe.costs.link.latency_s - after) <= 0.1 * abs(after - before)
 
 
 @pytest.mark.parametrize("before, after", [(0.9, 0.4), (0.4, 0.9)])
@@ -573,8 +573,8 @@ def test_reaction_to_an_acceptance_step_is_bounded(before, after):
     assert _crossing_round(ks, k_before, final) <= ACCEPTANCE_REACTION_ROUNDS, ks
 
 
-def test_channel_estimator_state():
-    est = ChannelEstimator()
+def test_link_estimator_state():
+    est = LinkEstimator()
     assert est.state == "up" and not est.measured
     est.update(RoundRecord(index=0, k_asked=1, drafted=1, accepted=None, mode="local"))
     assert est.state == "down"

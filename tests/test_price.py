@@ -265,7 +265,7 @@ def test_the_edge_reads_the_price_into_its_policys_view(dear_verifier, target_ru
 def test_a_free_verifier_reads_as_free(target_runtime, tokens):
     """A verifier that is not loaded says price 0 and the link reads 0 (as it reads an Opened
     without `priced`, an older verifier's); a nonsense price is held to 0..1."""
-    from edge.link.verifier import read_price
+    from edge.link.verifier_link import read_price
     assert read_price(float("nan")) == 0.0 and read_price(7.0) == 1.0 and read_price(-1) == 0.0
     config = CloudConfig(
         server=ServerSettings(host="127.0.0.1", port=0, shutdown_grace_s=0),

@@ -190,7 +190,7 @@ def test_the_link_codes_a_block_on_the_grid_and_sends_any_other_plain():
     """A session that negotiated the coded format still sends a block drafted for another one
     (plain-quantized before a re-open) as SparseDistributions; its own blocks go coded."""
     from edge.drafting import Block
-    from edge.link.verifier import attach_q
+    from edge.link.verifier_link import attach_q
     from tandem.codec import quantize
     probs = _dense([(3, 0.5), (9, 0.3), (11, 0.2)])
     for dist, coded in ((SHIPPED.quantize(probs), True), (quantize(probs), False)):

@@ -156,7 +156,7 @@ class AdaptivePolicy(DraftPolicy):
         if not (self.cfg.cloud_generate and self.rounds_seen >= self.cloud_retry_at
                 and view.remaining > 1 and not view.fast):
             return None
-        if not self.costs.channel.measured:
+        if not self.costs.link.measured:
             return first_cloud_run(self.cap, view.remaining, self.cfg.cloud_generate_tokens)
         return cloud_run(self.costs, self.cap, view.remaining, self.cfg.cloud_generate_tokens,
                          settled)
@@ -168,7 +168,7 @@ class AdaptivePolicy(DraftPolicy):
     def choose(self, view: RoundView) -> tuple[Option, Option | None]:
         """(the best speculation, the cloud run if better) by tokens/s, a cap's or a price's."""
         specs = self.speculations(view)
-        cloud, measured = self.cloud_option(view), self.costs.channel.measured
+        cloud, measured = self.cloud_option(view), self.costs.link.measured
         self.last_choice["cloud_rate"] = cloud.rate if cloud is not None and measured else None
         if view.price > 0:  # passes are not free
             spec, cloud, score = self.pricing.choose(self.costs, view, specs, cloud, self.score,
@@ -212,7 +212,7 @@ class AdaptivePolicy(DraftPolicy):
             self.prefers_cloud = cloud is not None
         k, rate = spec.k, spec.rate
         self.last_choice.update(mode="cloud" if cloud else "speculate", previous=mode, k=k,
-                                rate=rate, rtt_s=costs.channel.net_rtt(costs.block_bytes(k)),
+                                rate=rate, rtt_s=costs.link.net_rtt(costs.block_bytes(k)),
                                 t_draft=costs.t_draft())
         self._t_plan = self.clock()
         if cloud is not None:

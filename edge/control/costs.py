@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge.control.acceptance import AcceptanceEstimator
-from edge.control.link_estimate import ChannelEstimator, Ewma
+from edge.control.link_estimate import LinkEstimator, Ewma
 from edge.control.policy import Plan
 from edge.record import RoundRecord
 
@@ -98,7 +98,7 @@ class RoundCosts:
     def __init__(self, config: "ClientConfig") -> None:
         self.alpha = config.adaptive.rtt_alpha
         self.device = config.device
-        self.channel = ChannelEstimator(self.alpha)
+        self.link = LinkEstimator(self.alpha)
         self.acceptance = load_acceptance(config)
         self.draft_s = Ewma()          # seconds per decode step of the draft
         self.prefill_s = Ewma()        # seconds per token of a multi-token sync
@@ -140,11 +140,11 @@ class RoundCosts:
 
     def wait_s(self, k: int) -> float:
         """A block of k's round trip: the link and the verifier."""
-        return self.channel.net_rtt(self.block_bytes(k)) + self.channel.server_s()
+        return self.link.net_rtt(self.block_bytes(k)) + self.link.server_s()
 
     def round_seconds(self, k: int) -> float:
-        return (self.t_draft() * k + self.channel.net_rtt(self.block_bytes(k))
-                + self.channel.server_s() + (self.overhead.value or 0.0))
+        return (self.t_draft() * k + self.link.net_rtt(self.block_bytes(k))
+                + self.link.server_s() + (self.overhead.value or 0.0))
 
     def sync_seconds(self) -> float:
         """Prefilling what the draft has not seen (tokens a cloud run committed)."""
@@ -173,21 +173,21 @@ class RoundCosts:
         compute (it verifies them one after the other)."""
         if limit <= 1 or k == 0:
             return 1
-        wait = self.channel.net_rtt(self.block_bytes(k))
+        wait = self.link.net_rtt(self.block_bytes(k))
         drafting = self.t_draft() * k
         if self.full_accept(k) >= 0.5 and wait > drafting:
             return min(limit, 1 + int(wait / max(drafting, 1e-6)))
         return 1
 
     def gen_seconds(self) -> float:
-        return max(self.gen_s.value or self.channel.server_s(), 1e-4)
+        return max(self.gen_s.value or self.link.server_s(), 1e-4)
 
     def cloud_latency_s(self) -> float:
         """What a cloud run pays once, beyond its tokens' pace."""
-        return self.channel.latency_s + (self.cloud_overhead.value or 0.0)
+        return self.link.latency_s + (self.cloud_overhead.value or 0.0)
 
     def cloud_seconds(self, n: int) -> float:
-        first = self.channel.latency_s + self.gen_seconds()
+        first = self.link.latency_s + self.gen_seconds()
         return first + (n - 1) * self.gen_seconds() + (self.cloud_overhead.value or 0.0)
 
     # ---- measuring ------------------------------------------------------------------------
@@ -198,7 +198,7 @@ class RoundCosts:
         a = self.alpha
         if wall is not None:
             wall = max(wall - record.open_s, 0.0)
-        self.channel.update(record)
+        self.link.update(record)
         self.acceptance.update(record)
         self._expected = None
         steps, busy_s = decode_steps(record)
@@ -227,7 +227,7 @@ class RoundCosts:
         self.unsynced += record.committed
         server_per_token = (record.server_forward_s + record.server_queue_s) / record.committed
         if record.rtt_s > 0:
-            self.channel.observe_latency(max(record.rtt_s - server_per_token, 0.0),
+            self.link.observe_latency(max(record.rtt_s - server_per_token, 0.0),
                                          float(record.bytes_up))
         if wall is None or record.rtt_s <= 0 or record.cut:
             return

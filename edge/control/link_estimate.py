@@ -1,4 +1,4 @@
-"""Channel estimator: RTT, uplink cost per byte, verifier time and link state, from the round log.
+"""Link estimator: RTT, uplink cost per byte, verifier time and link state, from the round log.
 
 The network part of a round's RTT is modelled as rtt_net(b) = L + c * b: a fixed latency L plus
 c seconds per byte sent (b = the Draft's serialized size; the Verdict is small and constant, so
@@ -36,7 +36,7 @@ class Ewma:
         return self.value
 
 
-class ChannelEstimator:
+class LinkEstimator:
     def __init__(self, alpha: float = 0.3) -> None:
         self.alpha = alpha
         self.slope_alpha = alpha * SLOPE_SLOWDOWN

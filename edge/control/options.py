@@ -174,7 +174,7 @@ def confidence_floor(costs: RoundCosts, cap: PassCap, score: float) -> float:
     """The confidence below which one more draft token does not pay at the chosen option's
     score (edge/control/adaptive.py's docstring). Under a cap a token is worth more than its
     time, since it also lowers the passes per token: 1 + price x cap, against the score."""
-    dt = costs.t_draft() + costs.channel.seconds_per_byte * costs.token_bytes()
+    dt = costs.t_draft() + costs.link.seconds_per_byte * costs.token_bytes()
     threshold = max(score, 0.0) * dt / cap.token_worth()
     return costs.acceptance.confidence_threshold(threshold)
 
@@ -183,7 +183,7 @@ def adapt_q_entries(costs: RoundCosts, k: int, entries: int, fewest: int, most: 
     """Sparse-q entries per position for a block of k (sampling): halved when the uplink's
     share of a round grows, doubled again when it shrinks (lossless either way: the draft
     samples from exactly the q it sends)."""
-    share = costs.channel.seconds_per_byte * costs.block_bytes(k) / costs.round_seconds(k)
+    share = costs.link.seconds_per_byte * costs.block_bytes(k) / costs.round_seconds(k)
     if share > UPLINK_SHARE_HIGH:
         return max(entries // 2, fewest)
     if share < UPLINK_SHARE_LOW:

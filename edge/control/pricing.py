@@ -102,7 +102,7 @@ class PriceResponse:
         running: the kind of round the controller runs now (it keeps the STAY_BONUS)."""
         position_cost = POSITION_COST if view.position_cost is None else view.position_cost
         score = priced(base, view.price, 1.0, modelled(position_cost))
-        if not costs.channel.measured:
+        if not costs.link.measured:
             return best_speculation(specs, score), None, score
         cloud = paced_by_verifier(costs, cloud) if cloud is not None else None
         floor = self.min_tokens_per_s if view.min_tokens_per_s is None \
@@ -187,7 +187,7 @@ def meeting_floor(options: list[Option], floor: float) -> list[Option]:
 def paced_by_verifier(costs: RoundCosts, cloud: Option) -> Option:
     """A cloud run no faster than the verifier's measured time per pass allows (each of its
     tokens is a pass; the pace a cloud run last measured may be from an idle verifier)."""
-    floor_s = costs.channel.latency_s + cloud.n * costs.channel.server_s()
+    floor_s = costs.link.latency_s + cloud.n * costs.link.server_s()
     if cloud.seconds >= floor_s:
         return cloud
     return Option("cloud", cloud.tokens, floor_s, cloud.passes, n=cloud.n)

@@ -15,7 +15,7 @@
 """
 from edge.link.channel import api_key, call_metadata, channel_options, make_channel
 from edge.link.errors import Evicted, Stopped
-from edge.link.verifier import Sent, VerifierLink, check_verdict
+from edge.link.verifier_link import Sent, VerifierLink, check_verdict
 from edge.link.wait import STOP_POLL_S, WaitRule
 
 __all__ = ["STOP_POLL_S", "Evicted", "Sent", "Stopped", "VerifierLink", "WaitRule", "api_key",

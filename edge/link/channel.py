@@ -9,7 +9,7 @@ import grpc
 
 from edge.config import CloudLinkConfig
 
-# Call metadata carrying the session id (edge/link/verifier.py sends it on every call of a
+# Call metadata carrying the session id (edge/link/verifier_link.py sends it on every call of a
 # session): ring_hash hashes it, and so can a proxy (docker/nginx-grpc.conf).
 SESSION_HEADER = "x-tandem-session"
 # grpcio 1.85 implements ring_hash's requestHashHeader (gRFC A76: ring_hash without xDS) but

@@ -13,7 +13,7 @@ from edge.config import ClientConfig
 from edge.link.errors import (CloudUnavailable, LinkDown, Stopped, VerifierMisconfigured,
                               VerifierUnavailable)
 from edge.link.offline import OfflineControl, OfflineMode
-from edge.link.verifier import VerifierLink
+from edge.link.verifier_link import VerifierLink
 
 
 class Reconnect:

@@ -1,11 +1,11 @@
-"""edge/link/verifier.py: a verdict is checked against the round it answers (round, accepted
+"""edge/link/verifier_link.py: a verdict is checked against the round it answers (round, accepted
 length, context length, vocabulary) before the edge applies it."""
 from __future__ import annotations
 
 import pytest
 
 from edge.link.errors import ProtocolError
-from edge.link.verifier import check_verdict
+from edge.link.verifier_link import check_verdict
 from tandem.v1 import decoding_pb2 as pb
 
 pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
