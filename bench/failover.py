@@ -146,6 +146,35 @@ def two_verifiers(log_dir: Path, cloud_args: Sequence[str] = ()
         yield verifiers
 
 
+def _solo_outputs(url: str, model: str, prompts: Sequence[str], max_tokens: int) -> list[str]:
+    """Each prompt's output alone: what the waves' outputs must equal."""
+    solo = []
+    for prompt in prompts:
+        record = _records(_wave(url, model, [prompt], max_tokens))[0]
+        if not record.ok:
+            raise RuntimeError(f"solo run failed: {record.error}")
+        solo.append(record.text)
+    return solo
+
+
+def _await_mid_stream(verifier: VerifierProcess, before: dict, wave: threading.Thread,
+                      min_live: int, deadline: float) -> dict:
+    """Poll the verifier's own counters until it holds `min_live` sessions mid-stream (the kill
+    must land on them): its counters then."""
+    while True:
+        now = verifier.metrics()
+        live = now.get(LIVE, 0)
+        # rounds verified and cloud-run tokens: either way its sessions are mid-stream
+        steps = sum(now.get(m, 0) - before.get(m, 0) for m in (ROUNDS, GENERATED))
+        if live >= min_live and steps >= live:
+            return now
+        if not wave.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the first wave ended before verifier a held sessions "
+                               f"mid-stream (last seen: {live:.0f} live, {steps:.0f} rounds and cloud-run "
+                               f"tokens)")
+        time.sleep(0.02)
+
+
 def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[VerifierProcess],
                  *, log_dir: Path, policy: str = "ring_hash", proxy: bool = False,
                  solo: Sequence[str] | None = None, kill_when_live: int = 4,
@@ -174,12 +203,7 @@ def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[Ve
         url = system.url
         model = advertised_model(url)
         if solo is None:
-            solo = []
-            for prompt in prompts:
-                record = _records(_wave(url, model, [prompt], max_tokens))[0]
-                if not record.ok:
-                    raise RuntimeError(f"solo run failed: {record.error}")
-                solo.append(record.text)
+            solo = _solo_outputs(url, model, prompts, max_tokens)
 
         # First wave: kill verifier a while it serves sessions, start it again at once.
         a, b = verifiers
@@ -189,20 +213,9 @@ def run_failover(prompts: Sequence[str], max_tokens: int, verifiers: Sequence[Ve
         wave = threading.Thread(target=lambda: result.append(_wave(url, model, prompts,
                                                                    max_tokens)))
         wave.start()
-        deadline = time.monotonic() + timeout_s
-        while kill:  # polls a's own counters: the kill must land mid-stream on its sessions
-            now = a.metrics()
-            live = now.get(LIVE, 0)
-            # rounds verified and cloud-run tokens: either way its sessions are mid-stream
-            steps = sum(now.get(m, 0) - before[a.name].get(m, 0) for m in (ROUNDS, GENERATED))
-            if live >= min(kill_when_live, n) and steps >= live:
-                break
-            if not wave.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the first wave ended before verifier a held sessions "
-                                   f"mid-stream (last seen: {live:.0f} live, {steps:.0f} rounds and cloud-run "
-                                   f"tokens)")
-            time.sleep(0.02)
         if kill:
+            now = _await_mid_stream(a, before[a.name], wave, min(kill_when_live, n),
+                                    time.monotonic() + timeout_s)
             live = int(now.get(LIVE, 0))
             a.kill()
             a.start()

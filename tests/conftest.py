@@ -1,5 +1,10 @@
 """Shared fixtures: the shipped model family and held-out prompts.
 
+tests/ is grouped the way the code is (edge/, cloud/, tandem/, sim/, bench/, models/, and
+system/ for the whole system end to end); the helpers the groups share (a verifier harness, a
+scripted link, model builders) are in tests/helpers/, put on sys.path here so a test imports
+them by name (`from verifier_harness import ...`).
+
 Tests run on the real shipped models in models/. While the family is being (re)trained,
 TANDEM_TEST_MODELS=dev points the same fixtures at the randomly initialised development copies
 in models/.cache/dev-* (plumbing only; numbers from them mean nothing).
@@ -8,12 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -1,5 +1,5 @@
 """What a `tandem capacity` run is asked to do: its configurations and every knob with its
-default. Imports nothing heavy, so `tandem --help` stays fast (tests/test_config_sources.py)."""
+default. Imports nothing heavy, so `tandem --help` stays fast (tests/tandem/test_config_sources.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

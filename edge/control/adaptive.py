@@ -71,7 +71,7 @@ option's score and a token is worth 1 + price x cap).
 q entries (sampling): fewer entries per position when the uplink's share of a round grows
 (lossless either way: the draft samples from exactly the q it sends).
 
-Reaction (stated and tested in tests/test_control.py): RTT and timing estimates are EWMAs of
+Reaction (stated and tested in tests/edge/test_control.py): RTT and timing estimates are EWMAs of
 weight `rtt_alpha` per round that measured them, acceptance decays at `acceptance_alpha` per
 verified round.
 """

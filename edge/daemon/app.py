@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from functools import partial
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -34,6 +34,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from edge.config import DaemonConfig
 from edge.daemon.pool import GenerationPool
 from edge.daemon.errors import (ApiError, BadRequest, BodyTooLarge, MethodNotAllowed,
                                 RouteNotFound, Unauthorized, from_validation_errors)
@@ -68,8 +69,17 @@ class DetokenizeRequest(BaseModel):
 
 
 def create_app(pool: GenerationPool) -> FastAPI:
-    config = pool.config
+    """The daemon's HTTP app: its middleware, its errors as OpenAI-shaped bodies, its routes."""
     app = FastAPI(title="Tandem edge daemon", docs_url=None, redoc_url=None, openapi_url=None)
+    _add_middleware(app, pool)
+    _add_error_handlers(app, pool.config.max_body_bytes)
+    for router in (status_routes(pool), token_routes(pool), generation_routes(pool)):
+        app.include_router(router)
+    return app
+
+
+def _add_middleware(app: FastAPI, pool: GenerationPool) -> None:
+    config = pool.config
     # add_middleware puts each one outside the ones before it.
     app.add_middleware(_BodyLimit, limit=config.max_body_bytes)
     if config.api_key:
@@ -81,6 +91,8 @@ def create_app(pool: GenerationPool) -> FastAPI:
                            allow_credentials="*" not in config.cors_origins)
     app.add_middleware(_AccessLog, metrics=pool.metrics)
 
+
+def _add_error_handlers(app: FastAPI, max_body_bytes: int) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc)
@@ -98,54 +110,68 @@ def create_app(pool: GenerationPool) -> FastAPI:
             return error_response(MethodNotAllowed(f"Method not allowed: {where}"))
         if isinstance(exc.__cause__, _TooLarge):  # FastAPI wraps errors while reading the body
             return error_response(BodyTooLarge(f"the request body is larger than this daemon "
-                                               f"accepts ({config.max_body_bytes} bytes; "
+                                               f"accepts ({max_body_bytes} bytes; "
                                                "daemon.max_body_bytes)"))
         error = ApiError(str(exc.detail))
         error.status = exc.status_code
         return error_response(error)
 
-    def check_fields(req: OpenAIRequest, endpoint: str) -> None:
-        """Unknown fields: a logged warning, or a 400 in strict mode (daemon.strict_openai)."""
-        unknown = list(req.unknown_fields)
-        if isinstance(req, CompletionRequest) and req.suffix:
-            unknown.append("suffix")  # no fill-in-the-middle: the suffix cannot be honoured
-        if not unknown:
-            return
-        if config.strict_openai:
-            raise BadRequest(f"Unrecognized request argument supplied: {unknown[0]}",
-                                 param=unknown[0])
-        log.warning("%s: ignoring request fields this daemon does not support: %s", endpoint,
-                    ", ".join(unknown))
 
-    @app.get("/health")
+def check_fields(config: DaemonConfig, req: OpenAIRequest, endpoint: str) -> None:
+    """Unknown fields: a logged warning, or a 400 in strict mode (daemon.strict_openai)."""
+    unknown = list(req.unknown_fields)
+    if isinstance(req, CompletionRequest) and req.suffix:
+        unknown.append("suffix")  # no fill-in-the-middle: the suffix cannot be honoured
+    if not unknown:
+        return
+    if config.strict_openai:
+        raise BadRequest(f"Unrecognized request argument supplied: {unknown[0]}",
+                         param=unknown[0])
+    log.warning("%s: ignoring request fields this daemon does not support: %s", endpoint,
+                ", ".join(unknown))
+
+
+def status_routes(pool: GenerationPool) -> APIRouter:
+    """Health, version, metrics and the model list: answered without generating anything."""
+    router = APIRouter()
+
+    @router.get("/health")
     async def health() -> JSONResponse:
         body = pool.health()
         ready = body.get("status") == "ok"
         return JSONResponse(body, status_code=200 if ready else 503,
                             headers=None if ready else {"Retry-After": "1"})
 
-    @app.get("/healthz")
+    @router.get("/healthz")
     async def healthz() -> JSONResponse:
         return JSONResponse(pool.health())
 
-    @app.get("/version")
+    @router.get("/version")
     async def version_() -> JSONResponse:
         return JSONResponse({"version": version()})
 
-    @app.get("/metrics")
+    @router.get("/metrics")
     async def metrics() -> Response:
         return Response(pool.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @router.get("/v1/models")
     async def models() -> JSONResponse:
         return JSONResponse(pool.jobs.models().model_dump())
 
-    @app.get("/v1/models/{model_id}")
+    @router.get("/v1/models/{model_id}")
     async def model(model_id: str) -> JSONResponse:
         pool.jobs.check_model(model_id)
         return JSONResponse(pool.jobs.model_card().model_dump())
 
-    @app.post("/tokenize")
+    return router
+
+
+def token_routes(pool: GenerationPool) -> APIRouter:
+    """vLLM's /tokenize and /detokenize, with the daemon's own tokenizer and chat template."""
+    router = APIRouter()
+    config = pool.config
+
+    @router.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> JSONResponse:
         if req.model is not None:
             pool.jobs.check_model(req.model)
@@ -166,7 +192,7 @@ def create_app(pool: GenerationPool) -> FastAPI:
         return JSONResponse({"count": len(ids), "max_model_len": pool.jobs.context_limit,
                              "tokens": ids})
 
-    @app.post("/detokenize")
+    @router.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> JSONResponse:
         if req.model is not None:
             pool.jobs.check_model(req.model)
@@ -178,10 +204,18 @@ def create_app(pool: GenerationPool) -> FastAPI:
         text = await run_in_threadpool(pool.tokenizer.decode, req.tokens)
         return JSONResponse({"prompt": text})
 
-    @app.post("/v1/completions")
+    return router
+
+
+def generation_routes(pool: GenerationPool) -> APIRouter:
+    """The OpenAI completions and chat completions, streamed or whole."""
+    router = APIRouter()
+    config = pool.config
+
+    @router.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         arrived = time.monotonic()  # the origin of queue_s and TTFT
-        check_fields(req, "/v1/completions")
+        check_fields(config, req, "/v1/completions")
         pool.jobs.check_model(req.model)
         # Tokenizing can take a while for long prompts: off the event loop.
         jobs = [await run_in_threadpool(pool.jobs.completion_job, req, prompt)
@@ -202,10 +236,10 @@ def create_app(pool: GenerationPool) -> FastAPI:
                                                 req.return_token_ids).model_dump(),
                             headers=verification_headers(outs))
 
-    @app.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         arrived = time.monotonic()  # the origin of queue_s and TTFT
-        check_fields(req, "/v1/chat/completions")
+        check_fields(config, req, "/v1/chat/completions")
         pool.jobs.check_model(req.model)
         job = await run_in_threadpool(pool.jobs.chat_job, req)
         if req.stream:
@@ -218,7 +252,7 @@ def create_app(pool: GenerationPool) -> FastAPI:
         return JSONResponse(chat_response(out, req.model).model_dump(),
                             headers=verification_headers([out]))
 
-    return app
+    return router
 
 
 def _note_outputs(request: Request, outs: Sequence[GenerationOutput]) -> None:

@@ -1,0 +1,108 @@
+"""What a committed token costs the verifier per mode (cloud/token_cost.py): each pass's time
+shared among its jobs, summed per mode over the tokens they committed, verifier-wide and per
+session. Synthetic passes here (the rule's own logic); tests/cloud/test_token_cost_verifier.py reads
+the figures off a real verifier, over gRPC and at the edge."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bench.capacity.servers import TokenTotals
+from bench.capacity.stats import TokenCostReading
+from cloud.batcher import ForwardResult
+from cloud.token_cost import (CLOUD, MIN_TOKENS, SPECULATE, TokenCosts, job_share_ms, said)
+
+pytestmark = pytest.mark.unit
+
+
+def _result(sessions: int, positions: int, forward_ms: float, verify_ms: float = 0.0):
+    return ForwardResult(logits=None, queue_ms=0.0, forward_ms=forward_ms,
+                         batch_size=sessions, verify_ms=verify_ms, positions=positions)
+
+
+def test_a_pass_is_shared_by_its_fixed_part_and_each_jobs_extra_positions():
+    """A pass of 4 jobs (positions 1, 1, 5, 9: 16) of 10 ms, 0.25 ms a position: each job pays
+    an equal part of the pass at one position each, (10 - 0.25 * 12) / 4 = 1.75 ms, plus 0.25
+    ms for each position beyond its first; the shares add up to the pass."""
+    result = _result(4, 16, 9.0, verify_ms=1.0)
+    shares = [job_share_ms(result, p, 0.25) for p in (1, 1, 5, 9)]
+    assert shares == pytest.approx([1.75, 1.75, 2.75, 3.75])
+    assert sum(shares) == pytest.approx(10.0)
+
+
+def test_without_a_position_cost_the_pass_is_split_equally():
+    """vLLM (no position cost, positions not counted): each job pays T / S; a position cost
+    the pass's time cannot hold (noise) splits it by positions."""
+    assert job_share_ms(_result(4, 0, 8.0), 5, None) == pytest.approx(2.0)
+    assert job_share_ms(_result(4, 16, 8.0), 5, None) == pytest.approx(2.0)
+    noisy = _result(2, 10, 1.0)  # c = 0.5 ms x 8 extra positions > 1 ms
+    assert job_share_ms(noisy, 5, 0.5) == pytest.approx(0.5)
+
+
+def test_on_one_cpu_thread_a_pass_costs_its_cpu_time():
+    """Where the target runs on the pass's own thread its CPU time is the pass's cost (a core
+    shared with other work stretches the wall time, not that); elsewhere the wall time."""
+    result = ForwardResult(logits=None, queue_ms=0.0, forward_ms=18.0, batch_size=4,
+                           verify_ms=2.0, positions=4, cpu_ms=8.0)
+    assert job_share_ms(result, 1, 0.25, cpu_clock=True) == pytest.approx(2.0)
+    assert job_share_ms(result, 1, 0.25) == pytest.approx(5.0)
+    unmeasured = ForwardResult(logits=None, queue_ms=0.0, forward_ms=18.0, batch_size=4,
+                               verify_ms=2.0, positions=4)
+    assert job_share_ms(unmeasured, 1, 0.25, cpu_clock=True) == pytest.approx(5.0)
+
+
+def test_a_modes_cost_per_committed_token():
+    """Rounds that commit 4 tokens for a 2 ms share and cloud-run steps that commit 1 for a
+    0.9 ms share: 0.5 and 0.9 ms a token; no figure before MIN_TOKENS of a mode; the totals
+    keep everything (a benchmark's window reads their differences)."""
+    costs = TokenCosts()
+    costs.observe(SPECULATE, 2.0, 4)
+    assert costs.per_token_ms(SPECULATE) is None and costs.per_token_ms(CLOUD) is None
+    for _ in range(int(MIN_TOKENS) + 1):  # + 1: the sums forget a little as they grow
+        costs.observe(SPECULATE, 2.0, 4)
+        costs.observe(CLOUD, 0.9, 1)
+    assert costs.per_token_ms(SPECULATE) == pytest.approx(0.5)
+    assert costs.per_token_ms(CLOUD) == pytest.approx(0.9)
+    assert costs.totals(SPECULATE) == pytest.approx((2.0 * (MIN_TOKENS + 2), 4 * (MIN_TOKENS + 2)))
+
+
+def test_the_figures_follow_a_change_and_keep_a_mode_not_run():
+    """Speculation's cost rises from 0.5 to 1.5 ms a token: after a few half-lives of tokens
+    the figure reads the new cost; the cloud's figure, not run meanwhile, keeps its last value."""
+    costs = TokenCosts(half_life_tokens=100.0)
+    rng = random.Random(0)
+    for _ in range(200):
+        costs.observe(SPECULATE, 0.5 * (n := rng.randint(1, 5)), n)
+        costs.observe(CLOUD, 1.0, 1)
+    for _ in range(400):
+        costs.observe(SPECULATE, 1.5 * (n := rng.randint(1, 5)), n)
+    assert costs.per_token_ms(SPECULATE) == pytest.approx(1.5, rel=0.02)
+    assert costs.per_token_ms(CLOUD) == pytest.approx(1.0)
+
+
+def test_a_session_says_its_own_figure_where_it_has_one():
+    """A reply carries the session's figure of a mode once it has one, the verifier's where it
+    has not, and leaves out a mode nobody measured."""
+    verifier, session = TokenCosts(), TokenCosts(half_life_tokens=64.0)
+    assert said(session, verifier) == {}
+    for _ in range(2 * int(MIN_TOKENS)):  # the session's sums forget faster
+        verifier.observe(SPECULATE, 1.0, 1)
+        verifier.observe(CLOUD, 2.0, 1)
+        session.observe(SPECULATE, 3.0, 1)
+    assert said(session, verifier) == pytest.approx({"speculate_token_ms": 3.0,
+                                                     "cloud_token_ms": 2.0})
+    assert said(verifier) == pytest.approx({"speculate_token_ms": 1.0, "cloud_token_ms": 2.0})
+
+
+def test_a_benchmark_window_reads_the_totals_differences():
+    """tandem capacity: two readings of Info.batches' totals give each mode's cost per token in
+    the window, both modes together, and the share of the tokens speculated."""
+    a = TokenTotals(speculate_ms=100.0, speculate_tokens=100, cloud_ms=50.0, cloud_tokens=40)
+    b = TokenTotals(speculate_ms=160.0, speculate_tokens=200, cloud_ms=150.0, cloud_tokens=140)
+    reading = TokenCostReading.between(a, b)
+    assert reading.speculate == pytest.approx(0.6) and reading.cloud == pytest.approx(1.0)
+    assert reading.both == pytest.approx(0.8) and reading.speculate_share == pytest.approx(0.5)
+    assert TokenCostReading.between(None, b) == TokenCostReading()
+    only_cloud = TokenCostReading.between(a, TokenTotals(100.0, 100, 90.0, 80))
+    assert only_cloud.speculate is None and only_cloud.speculate_share == 0.0

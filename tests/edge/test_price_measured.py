@@ -1,0 +1,102 @@
+"""The priced controller choosing between speculation and cloud runs by what the verifier
+measured a committed token costs it in each mode (RoundView.token_ms: Verdict's
+speculate_token_ms and cloud_token_ms, cloud/token_cost.py; edge/control/pricing.py), on the
+synthetic links and drafts of tests/edge/test_price_control.py.
+
+The figures are the docs' (docs/capacity.md, 64 users): on lte/phone a speculated token cost
+the verifier 1.45 ms against 1.15 for a cloud-run token, on wifi/laptop 0.88 against 1.04."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_control import Draft, Link, adaptive
+from test_price_control import LTE, PHONE, cloudy, run, totals
+
+from edge.control.options import Option
+from edge.control.pricing import measured, measured_ratio
+
+pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
+
+PHONE_DEARER = (1.45, 1.15)     # lte/phone: speculation measured dearer per committed token
+LAPTOP_CHEAPER = (0.88, 1.04)   # wifi/laptop: cheaper
+WIFI, LAPTOP = Link(latency_s=0.012, server_s=0.015), Draft(alpha=0.85, s_per_token=0.004)
+
+
+def plans(link, draft, price, token_ms, seed=3, rounds=80, floor=None):
+    log = run(adaptive(cloud_generate=True), link, draft, rounds, random.Random(seed),
+              price=price, floor=floor, token_ms=token_ms)
+    return [plan for plan, _ in log], log
+
+
+@pytest.mark.parametrize("token_ms", [PHONE_DEARER, LAPTOP_CHEAPER, (None, 1.0)])
+def test_at_price_zero_the_measured_costs_change_nothing(token_ms):
+    """Free passes: plan for plan what the controller does without the figures, on either
+    link (the phone lets the cloud generate, the laptop speculates)."""
+    for link, draft in ((LTE, PHONE), (WIFI, LAPTOP)):
+        assert plans(link, draft, 0.0, token_ms)[0] == plans(link, draft, 0.0, (None, None))[0]
+
+
+def test_speculation_measured_dearer_leaves_it_to_the_cloud():
+    """Price 1, a floor of 10 tok/s that cloud runs keep: by the position-cost model the phone
+    speculates (tests/edge/test_price_control.py), but the verifier measures its speculated tokens
+    dearer than cloud-run ones, so the cloud generates (speculation only as the controller
+    measures it again now and then)."""
+    _, modelled = plans(LTE, PHONE, 1.0, (None, None), floor=10.0)
+    _, by_measure = plans(LTE, PHONE, 1.0, PHONE_DEARER, floor=10.0)
+    assert cloudy(modelled[20:]) == 0
+    assert cloudy(by_measure[20:]) >= 0.6 * 60, cloudy(by_measure[20:])
+    assert totals(by_measure[20:])[0] > totals(modelled[20:])[0]  # and the user is faster
+
+
+def test_speculation_measured_cheaper_keeps_speculating():
+    """The same phone where the verifier measures speculation cheaper: at price 1 it
+    speculates, as by the model."""
+    _, log = plans(LTE, PHONE, 1.0, (0.8, 1.15), floor=10.0)
+    assert cloudy(log[20:]) == 0
+
+
+def test_the_floor_keeps_speculation_the_cloud_cannot_meet():
+    """A loaded verifier (150 ms a pass: cloud runs ~6 tok/s) and a laptop whose speculation
+    keeps a floor of 10: even measured dearer, speculation, since the cloud would make the user
+    slower than the floor."""
+    slow = Link(latency_s=0.012, server_s=0.15)
+    _, log = plans(slow, LAPTOP, 1.0, (2.0, 1.0), floor=10.0)
+    assert cloudy(log[20:]) == 0
+    assert totals(log[20:])[0] >= 10.0
+
+
+def test_one_mode_unmeasured_leaves_the_position_cost_model():
+    """Until the verifier has measured both modes the position-cost model decides: plan for
+    plan the same as with no figure."""
+    for token_ms in ((1.45, None), (None, 1.15)):
+        assert plans(LTE, PHONE, 1.0, token_ms, floor=10.0)[0] == \
+            plans(LTE, PHONE, 1.0, (None, None), floor=10.0)[0]
+
+
+def test_the_measured_cost_of_each_option():
+    """A cloud run costs 1 cloud-run token a token, any speculation the measured ratio."""
+    assert measured_ratio((1.45, 1.16)) == pytest.approx(1.25)
+    assert measured_ratio((None, 1.0)) is None and measured_ratio((1.0, None)) is None
+    cost = measured(1.25)
+    assert cost(Option("cloud", 16.0, 0.3, 16.0, n=16)) == 1.0
+    assert cost(Option("speculate", 3.0, 0.2, 1.0, k=4)) == 1.25
+
+
+def test_new_prompts_are_measured_less_while_speculation_reads_dearer():
+    """A new prompt's text is measured with speculative blocks every time, but while the
+    verifier measures speculation dearer under a price only one prompt in
+    DEARER_NEW_TEXT_EVERY (enough rounds to keep the figures current)."""
+    from edge.control.policy import RoundView
+    from edge.control.pricing import DEARER_NEW_TEXT_EVERY, PriceResponse
+
+    def measured_prompts(price, token_ms, prompts=4 * DEARER_NEW_TEXT_EVERY):
+        pricing = PriceResponse(10.0, random.Random(0))
+        view = RoundView(round=0, generated=0, remaining=48, max_k=16, link_state="up",
+                         sampling=False, history=[], price=price, token_ms=token_ms)
+        return sum(pricing.measures_new_text(view) for _ in range(prompts))
+
+    assert measured_prompts(1.0, PHONE_DEARER) == 4
+    assert measured_prompts(0.0, PHONE_DEARER) == 4 * DEARER_NEW_TEXT_EVERY
+    assert measured_prompts(1.0, LAPTOP_CHEAPER) == 4 * DEARER_NEW_TEXT_EVERY
+    assert measured_prompts(1.0, (None, None)) == 4 * DEARER_NEW_TEXT_EVERY
