@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from cloud.errors import InvalidRequest, ZeroDraftProbability
+from cloud.runtime.target import PassLogits
 from cloud.verify import RoundCheck, Verdict
 from tandem.sampling import warp
 
@@ -147,8 +148,8 @@ def _stack_rows(members: list[int], checks, logits, width: int) -> torch.Tensor:
 def _greedy(members, checks, logits, out) -> None:
     device = logits[members[0]].device
     drafts, lengths, width = _padded_drafts(members, checks, device)
-    flat = getattr(logits, "flat", None)  # the torch runtime's PassLogits; vLLM's: a list
-    if flat is not None:
+    if isinstance(logits, PassLogits):  # the torch runtime's whole pass; vLLM's: a list
+        flat = logits.flat
         # One argmax over the whole pass, then each job's k + 1 rows.
         argmax = flat.argmax(dim=-1)                                             # [T]
         starts = torch.tensor([logits.starts[i] + checks[i].offset for i in members],

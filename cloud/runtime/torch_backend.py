@@ -23,7 +23,7 @@ class TorchBackend(TargetBackend):
                  active_sessions: Callable[[], int] | None = None) -> None:
         self.runtime = runtime
         self.model_dir = runtime.model_dir
-        self.identity = getattr(runtime, "identity", None)  # a pinned identity, if any
+        self.identity = None  # none pinned: the engine identifies the target (cloud/identity.py)
         self.name = runtime.name
         self.fingerprint = runtime.fingerprint
         self.vocab_size = runtime.vocab_size

@@ -190,20 +190,16 @@ class SGLangEMA(DraftPolicy):
         self.steps = self.tiers[i]
 
 
-def _peers(config: "ClientConfig") -> PeersConfig:
-    return getattr(config, "peers", None) or PeersConfig()
-
-
 @register_policy("hf-heuristic")
 def _hf(config: "ClientConfig") -> DraftPolicy:
-    return HFHeuristic(_peers(config).hf)
+    return HFHeuristic(PeersConfig().hf)
 
 
 @register_policy("llamacpp-pmin")
 def _llamacpp(config: "ClientConfig") -> DraftPolicy:
-    return LlamaCppPMin(_peers(config).llamacpp)
+    return LlamaCppPMin(PeersConfig().llamacpp)
 
 
 @register_policy("sglang-ema")
 def _sglang(config: "ClientConfig") -> DraftPolicy:
-    return SGLangEMA(_peers(config).sglang)
+    return SGLangEMA(PeersConfig().sglang)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Container, Sequence
 
+from edge.tokenizer import EdgeTokenizer
+
 _REPLACEMENT = "\ufffd"
 
 Decode = Callable[[list[int]], str]
@@ -111,13 +113,11 @@ def byte_fallback_ids(native) -> frozenset[int]:
     return frozenset(i for i in ids if i is not None)
 
 
-def make_detokenizer(tokenizer) -> IncrementalDetokenizer | NativeDetokenizer:
-    """The native decode stream when the tokenizer exposes a `tokenizers.Tokenizer` (the edge's
-    EdgeTokenizer does) of the byte-level kind, else the hand-written one over its `decode`
-    (holding text back behind byte-fallback tokens, see the module's docstring)."""
-    native = getattr(tokenizer, "hf_tokenizer", None)
-    if native is None:
-        return IncrementalDetokenizer(tokenizer.decode)
+def make_detokenizer(tokenizer: EdgeTokenizer) -> IncrementalDetokenizer | NativeDetokenizer:
+    """The native decode stream over the tokenizer's `tokenizers.Tokenizer` when it is of the
+    byte-level kind, else the hand-written one over its `decode` (holding text back behind
+    byte-fallback tokens, see the module's docstring)."""
+    native = tokenizer.hf_tokenizer
     open_ids = byte_fallback_ids(native)
     if open_ids:
         return IncrementalDetokenizer(tokenizer.decode, open_ids)

@@ -53,7 +53,7 @@ class JobFactory:
         self.config = config
         self.tokenizer = tokenizer
         self.chat_template = ChatTemplate.from_dir(tokenizer.directory) \
-            if getattr(tokenizer, "directory", None) else ChatTemplate(None)
+            if tokenizer.directory else ChatTemplate(None)
         self.context_limit = context_limit
         self.created = int(time.time())
 

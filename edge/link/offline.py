@@ -18,7 +18,7 @@ import time
 
 from edge.link.breaker import CircuitBreaker
 from edge.link.deadlines import Clock, LinkTimings, RttEstimator
-from edge.link.errors import LinkSilent
+from edge.link.errors import LinkSilent, VerifierOverloaded
 from edge.link.wait import WaitRule
 from edge.link_state import LinkState
 
@@ -102,8 +102,8 @@ class OfflineControl:
         wait and never answered: the monitor takes it as down. Any other failure (a reset, a
         refused connection) is checked at once with one Info probe: a verifier that restarted
         answers it and the round is retried instead of going local."""
-        retry_after = getattr(error, "retry_after_s", None)
-        overloaded = type(error).__name__ == "VerifierOverloaded"
+        overloaded = isinstance(error, VerifierOverloaded)
+        retry_after = error.retry_after_s if overloaded else None
         self.overloaded = overloaded
         self.breaker.failure(str(error), retry_after)
         if self.monitor is None:
