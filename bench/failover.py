@@ -34,6 +34,7 @@ import httpx
 from bench.load import StreamStats, drive, spawn_system
 from bench.processes import ROOT, VerifierProcess, prometheus_values, several
 from sim.workload import RequestRecord, advertised_model
+from sim.writers import write_json
 from tandem.prompts import load_prompts
 
 OPENS = "tandem_verifier_sessions_opened_total"
@@ -272,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                **run.summary()}
     print(json.dumps(summary, indent=2))
     if args.json is not None:
-        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(args.json, summary)
     return 0
 
 

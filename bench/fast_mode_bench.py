@@ -22,7 +22,6 @@ by default the *eval* files, which the calibration prior was not fitted on) sent
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,12 +30,13 @@ import httpx
 import torch
 from transformers import AutoModelForCausalLM
 
-from tandem.prompts import SOURCES, SPLITS, load_source
 from cloud.config import CloudConfig
 from cloud.server import create_server
 from edge.config import EdgeConfig, resolve_paths
 from edge.daemon.server import DaemonThread, load_pool
+from sim.writers import write_json
 from tandem.config import load_config, resolve_path
+from tandem.prompts import SOURCES, SPLITS, load_source
 
 CONTEXT_TOKENS = 400  # the prompt's last tokens sent
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         server.stop(0).wait()
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([asdict(p) for p in points], indent=1) + "\n")
+        write_json(args.json, [asdict(p) for p in points], indent=1)
     return 0
 
 

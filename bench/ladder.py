@@ -36,7 +36,6 @@ over the sources in turn):
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -49,9 +48,6 @@ from safetensors import safe_open
 from bench.matrix.config import BenchConfig, DeviceSpec, load_device
 from bench.matrix.device import ThrottledDraft, joules
 from bench.matrix.oracle import target_greedy
-from sim.netem import ChannelProfile, ChannelProxy
-from sim.netem.profile import load_profile
-from tandem.prompts import SOURCES, load_prompts, load_source
 from cloud.config import CloudConfig
 from cloud.runtime.target import TargetRuntime
 from cloud.server import create_server
@@ -62,7 +58,11 @@ from edge.record import GenerationResult
 from edge.runtime import DraftConfig, load_draft_runtime
 from edge.runtime.base import DraftRuntime
 from edge.tokenizer import EdgeTokenizer
+from sim.netem import ChannelProfile, ChannelProxy
+from sim.netem.profile import load_profile
+from sim.writers import pyplot, save_figure, write_json
 from tandem.config import load_config, merge, resolve_path
+from tandem.prompts import SOURCES, load_prompts, load_source
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = "small"
@@ -367,11 +367,8 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     rows = report["fast"]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for source in sorted({r["source"] for r in rows}):
         line = sorted((r for r in rows if r["source"] == source), key=lambda r: r["min_agreement"])
         drawn = ax.plot([r["verified_share"] for r in line], [r["agreement"] for r in line], "o-",
@@ -388,10 +385,7 @@ def plot(report: dict, path: Path) -> None:
     ax.set_title("fast mode held to min_agreement A")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -422,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
     if args.plot:
         plot(report, args.plot)
     print(markdown(report))

@@ -24,11 +24,8 @@ are given).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager
@@ -38,11 +35,12 @@ from pathlib import Path
 import grpc
 import httpx
 
-from bench.processes import (ROOT, VerifierProcess, cloud_info, free_port, several,
-                             stop_process, wait_until)
+from bench.processes import (VerifierProcess, cloud_info, command, free_port, launch_in,
+                             several, wait_until)
 from sim.workload import RequestRecord, one_request, advertised_model
-from tandem.prompts import load_prompts
+from sim.writers import write_json
 from tandem import metrics
+from tandem.prompts import load_prompts
 
 
 @dataclass
@@ -177,8 +175,6 @@ def spawn_system(streams: int, *, log_dir: Path, cloud_args: Sequence[str] = (),
     gRPC target: cloud.load_balancing picks among them) as child processes; yield System; stop
     them all (SIGTERM, then SIGKILL) on exit. cloud_address: a gRPC target of verifiers
     running already (none is started)."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    bin_dir = Path(sys.executable).parent
     http_port = free_port()
     env = dict(os.environ)
     with ExitStack() as stack:
@@ -192,13 +188,11 @@ def spawn_system(streams: int, *, log_dir: Path, cloud_args: Sequence[str] = (),
         for cloud in clouds:
             cloud.wait_ready(start_timeout_s)
         cloud_address = cloud_address or several([cloud.address for cloud in clouds])
-        log = stack.enter_context((log_dir / "daemon.log").open("wb"))
-        daemon = subprocess.Popen(
-            [str(bin_dir / "tandem-edge"), "serve", "--host", "127.0.0.1", "--port",
-             str(http_port), "--cloud", cloud_address, "--set", f"daemon.pool_size={streams}",
-             "--set", f"daemon.max_waiting={max(64, streams)}", *edge_args],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-        stack.callback(stop_process, daemon)
+        daemon = launch_in(stack, [command("tandem-edge"), "serve", "--host", "127.0.0.1", "--port",
+                                   str(http_port), "--cloud", cloud_address,
+                                   "--set", f"daemon.pool_size={streams}",
+                                   "--set", f"daemon.max_waiting={max(64, streams)}", *edge_args],
+                           log_dir / "daemon.log", env=env)
         url = f"http://127.0.0.1:{http_port}"
         wait_until(lambda: httpx.get(url + "/healthz", timeout=1.0).status_code == 200, daemon,
                    "the daemon", start_timeout_s, log_dir / "daemon.log")
@@ -345,4 +339,4 @@ def _verifiers_cpu_s(pids: dict[str, int]) -> float | None:
 
 def write_report(path: Path, report: LoadReport) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    write_json(path, asdict(report))

@@ -1,5 +1,6 @@
-"""Tandem's servers as processes on loopback, for `tandem load` and the tests that kill them:
-free ports, readiness waits, stopping by PID, a verifier's Info, and `VerifierProcess` (one
+"""Tandem's servers as processes on loopback, for every benchmark that starts them and the tests
+that kill them: the one launcher (`launch`, `launch_in`), the one readiness wait (`wait_until`),
+free ports, stopping, a verifier's Info, and `VerifierProcess` (one
 `tandem-cloud serve` with its own name and metrics port, which can be SIGKILLed and started
 again on the same ports, and whose Prometheus counters can be read).
 """
@@ -14,6 +15,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from contextlib import ExitStack
+
 import grpc
 import httpx
 
@@ -26,8 +29,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def command(name: str) -> str:
+    """One of the project's console scripts (tandem-cloud, tandem-edge) beside this Python."""
+    return str(Path(sys.executable).parent / name)
+
+
+def launch(argv: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None,
+           core: int | None = None) -> subprocess.Popen:
+    """A server as a child process run from the repository root, its output in `log_path`;
+    pinned to one `core` when given (the capacity bench measures a server on one core)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
+    with log_path.open("wb") as log:
+        return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env=env if env is not None else dict(os.environ), preexec_fn=pin)
+
+
+def launch_in(stack: ExitStack, argv: Sequence[str], log_path: Path, **how) -> subprocess.Popen:
+    """`launch`, stopped (SIGTERM, then SIGKILL) when `stack` closes."""
+    process = launch(argv, log_path, **how)
+    stack.callback(stop_process, process)
+    return process
+
+
 def wait_until(ready, process: subprocess.Popen | None, what: str, timeout_s: float,
                log_path: Path | None) -> None:
+    """Until `ready()` is true (an exception: not yet); the process's log tail if it exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
@@ -39,7 +66,7 @@ def wait_until(ready, process: subprocess.Popen | None, what: str, timeout_s: fl
         except Exception:  # noqa: BLE001 - not up yet
             pass
         time.sleep(0.2)
-    raise TimeoutError(f"{what} not ready within {timeout_s:.0f} s")
+    raise TimeoutError(f"{what} not ready within {timeout_s:.0f} s (log: {log_path})")
 
 
 def cloud_info(address: str, timeout_s: float = 5.0, metadata=None):
@@ -96,13 +123,10 @@ class VerifierProcess:
     def start(self, env: dict[str, str] | None = None) -> None:
         """Start the process (not waiting for it: wait_ready)."""
         self.starts += 1
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        argv = [str(Path(sys.executable).parent / "tandem-cloud"), "serve", "--host",
-                "127.0.0.1", "--port", str(self.port), "--metrics-port", str(self.metrics_port),
-                "--set", f"server.name={self.name}", *self.args]
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                            env=env if env is not None else dict(os.environ))
+        self.process = launch([command("tandem-cloud"), "serve", "--host", "127.0.0.1", "--port",
+                               str(self.port), "--metrics-port", str(self.metrics_port),
+                               "--set", f"server.name={self.name}", *self.args],
+                              self.log_path, env=env)
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
         """Until Info answers (the model is loaded and the port bound)."""

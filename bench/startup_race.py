@@ -25,9 +25,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.load import ROOT, free_port, stop_process, wait_until
-from tandem.prompts import load_prompts
+from bench.processes import ROOT, command, free_port, launch_in, wait_until
 from edge.daemon.responses import VERIFIED_FRACTION_HEADER
+from tandem.prompts import load_prompts
 
 PROMPTS = ROOT / "models/prompts/heldout.jsonl"
 BUSY_LOOP = "while True:\n    pass\n"
@@ -83,29 +83,23 @@ def run_race(*, requests: int, concurrency: int, max_tokens: int = 16, temperatu
              order: str = "together", busy: int = 0, log_dir: Path,
              edge_args: tuple[str, ...] = (), start_timeout_s: float = 180.0,
              request_timeout_s: float = 120.0) -> RaceReport:
-    log_dir.mkdir(parents=True, exist_ok=True)
-    bin_dir = Path(sys.executable).parent
     cloud_port, http_port = free_port(), free_port()
     url = f"http://127.0.0.1:{http_port}"
     prompts = load_prompts(PROMPTS, requests, 0, 2000)
     with ExitStack() as stack:
         busy_loops(stack, busy)
 
-        def start(name: str, argv: list[str]) -> subprocess.Popen:
-            log = stack.enter_context((log_dir / f"{name}.log").open("wb"))
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-            stack.callback(stop_process, process)
-            return process
-
         def start_verifier() -> subprocess.Popen:
-            return start("verifier", [str(bin_dir / "tandem-cloud"), "serve", "--config",
-                                      "configs/cloud.yaml", "--host", "127.0.0.1", "--port",
-                                      str(cloud_port), "--log-level", "WARNING"])
+            return launch_in(stack, [command("tandem-cloud"), "serve", "--config",
+                                     "configs/cloud.yaml", "--host", "127.0.0.1", "--port",
+                                     str(cloud_port), "--log-level", "WARNING"],
+                             log_dir / "verifier.log")
 
-        daemon = start("daemon", [str(bin_dir / "tandem-edge"), "serve", "--config",
-                                  "configs/edge.yaml", "--host", "127.0.0.1", "--port",
-                                  str(http_port), "--cloud", f"127.0.0.1:{cloud_port}",
-                                  "--set", "daemon.max_waiting=100000", *edge_args])
+        daemon = launch_in(stack, [command("tandem-edge"), "serve", "--config",
+                                   "configs/edge.yaml", "--host", "127.0.0.1", "--port",
+                                   str(http_port), "--cloud", f"127.0.0.1:{cloud_port}",
+                                   "--set", "daemon.max_waiting=100000", *edge_args],
+                           log_dir / "daemon.log")
         if order == "together":
             start_verifier()
         wait_until(lambda: httpx.get(url + "/v1/models", timeout=1.0).status_code == 200,

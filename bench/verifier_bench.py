@@ -37,6 +37,7 @@ import torch
 
 from cloud.config import BatchSettings, LimitSettings, ModelSettings, VllmSettings
 from cloud.engine import DraftRequest, OpenRequest, Verifier
+from sim.writers import write_json
 from tandem.config import REPO_ROOT
 from tandem.sampling import SamplingParams
 
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
               "k": args.k, "rounds": args.rounds, "max_batch": args.max_batch,
               "one_pass": one_pass, "goals": _goals(rows, one_pass)}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
     print(_table(rows))
     print(f"crossover: {report['crossover']}")
     for line in report["goals"]:

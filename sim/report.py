@@ -9,13 +9,14 @@ share = tokens the target checked / all emitted tokens.
 """
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sim.workload import RequestRecord
+from sim.writers import plot_session_trace, pyplot, save_figure, text_table
+from sim.writers import write_json as write_json_file
 from tandem import metrics
 
 
@@ -78,27 +79,22 @@ COLUMNS = [  # header, RunSummary field, format
 
 
 def format_table(summaries: Sequence[RunSummary]) -> str:
-    rows = [[header for header, _, _ in COLUMNS]]
-    for summary in summaries:
-        row = []
-        for _, name, fmt in COLUMNS:
-            value = getattr(summary, name)
-            row.append("-" if value is None else fmt.format(value))
-        rows.append(row)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table([(header, _cell(name, fmt)) for header, name, fmt in COLUMNS], summaries)
+
+
+def _cell(name: str, fmt: str):
+    def cell(summary: RunSummary) -> str:
+        value = getattr(summary, name)
+        return "-" if value is None else fmt.format(value)
+    return cell
 
 
 def write_json(path: Path, summaries: Sequence[RunSummary], records: dict[str, Sequence[RequestRecord]],
                extra: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {**extra,
-               "summaries": {s.name: asdict(s) for s in summaries},
-               "requests": {name: [_record_dict(r) for r in rs] for name, rs in records.items()}}
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    write_json_file(path, {**extra,
+                           "summaries": {s.name: asdict(s) for s in summaries},
+                           "requests": {name: [_record_dict(r) for r in rs]
+                                        for name, rs in records.items()}})
 
 
 def _record_dict(record: RequestRecord) -> dict:
@@ -120,13 +116,7 @@ def write_plots(out_dir: Path, summaries: Sequence[RunSummary], trace: list[dict
                 trace_name: str) -> list[Path]:
     """tokens_per_s.png (verified and local tokens/s side by side per profile) and session_trace.png (draft length and RTT per round
     of one session over time)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     names = [s.name for s in summaries]
     x = list(range(len(names)))
@@ -144,35 +134,14 @@ def write_plots(out_dir: Path, summaries: Sequence[RunSummary], trace: list[dict
     ax.set_ylabel("tokens/s per request (mean)")
     ax.set_title("Tandem: generation speed per channel profile")
     ax.margins(y=0.25)
-    fig.tight_layout()
-    path = out_dir / "tokens_per_s.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
-
-    fig, (ax_k, ax_rtt) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    t = [r["t_s"] for r in trace]
-    ax_k.step(t, [r["draft_length"] for r in trace], where="post", label="draft length k")
+    written = [save_figure(fig, out_dir / "tokens_per_s.png")]
     verified = [r for r in trace if r.get("mode", "verify") == "verify"]
-    ax_k.plot([r["t_s"] for r in verified], [r["accepted"] for r in verified], "o", ms=3,
-              label="accepted n")
-    cloud = [r for r in trace if r.get("mode") == "cloud"]
-    if cloud:  # runs the verifier generated itself (the adaptive controller's other option)
-        ax_k.plot([r["t_s"] for r in cloud], [r["tokens"] for r in cloud], "^", ms=5,
-                  label="cloud run: tokens")
-    ax_k.set_ylabel("tokens")
-    ax_k.legend(loc="upper right", fontsize=8)
-    ax_k.set_title(f"one session over the {trace_name} profile ({len(trace)} rounds)")
-    ax_rtt.plot(t, [r["rtt_ms"] for r in trace], ".-", label="round trip")
     server = [r.get("server_ms") for r in trace]
-    if any(v is not None for v in server):
-        ax_rtt.plot(t, [v if v is not None else float("nan") for v in server], ".", label="of it: verifier")
-    ax_rtt.set_ylabel("ms")
-    ax_rtt.set_xlabel("seconds since the generation started")
-    ax_rtt.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    path = out_dir / "session_trace.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    written.append(plot_session_trace(
+        out_dir / "session_trace.png", f"one session over the {trace_name} profile",
+        [r["t_s"] for r in trace], [r["draft_length"] for r in trace],
+        [(r["t_s"], r["accepted"]) for r in verified], [r["rtt_ms"] for r in trace],
+        [v if v is not None else float("nan") for v in server]
+        if any(v is not None for v in server) else None, "of it: verifier",
+        [(r["t_s"], r["tokens"]) for r in trace if r.get("mode") == "cloud"]))
     return written

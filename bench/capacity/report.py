@@ -10,6 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.capacity.stats import Capacity, PointRow, capacity_of
+from sim.writers import pyplot, save_figure
+from sim.writers import write_json as write_json_file
 
 DEFAULT = "adaptive"
 BASELINES = ("cloud-only", "vllm-alone")
@@ -87,17 +89,12 @@ def capacity_table(caps: Sequence[Capacity], tpot_slos: Sequence[float]) -> str:
 
 
 def write_json(path: Path, rows: Sequence[PointRow], caps: Sequence[Capacity], meta: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**meta, "rows": [asdict(r) for r in rows],
-                                "capacity": [asdict(c) for c in caps]}, indent=1) + "\n")
+    write_json_file(path, {**meta, "rows": [asdict(r) for r in rows],
+                           "capacity": [asdict(c) for c in caps]}, indent=1)
 
 
 def write_plots(out_dir: Path, rows: Sequence[PointRow], slo_tpot_s: float) -> list[Path]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     cells = list(dict.fromkeys((r.channel, r.device) for r in rows))
     configs = list(dict.fromkeys(r.config for r in rows))
     fig, axes = plt.subplots(2, len(cells), figsize=(5.5 * len(cells), 7.5), squeeze=False)
@@ -123,11 +120,7 @@ def write_plots(out_dir: Path, rows: Sequence[PointRow], slo_tpot_s: float) -> l
         passes_ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle("Users served by one verifier on one core (this machine's CPU)")
-    fig.tight_layout()
-    path = out_dir / "capacity.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [save_figure(fig, out_dir / "capacity.png")]
 
 
 def summary_table(rows: Sequence[PointRow], caps: Sequence[Capacity], slo_tpot_s: float) -> str:

@@ -9,9 +9,6 @@ told to use one thread, as they would be on a one-core slice.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import astuple, dataclass, field
@@ -21,7 +18,7 @@ import grpc
 import httpx
 
 from bench.load import cpu_seconds
-from bench.processes import free_port, stop_process
+from bench.processes import command, free_port, launch_in, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -174,31 +171,6 @@ class ServerGroup:
             server.close()
 
 
-def _spawn(argv: Sequence[str], core: int, log_path: Path, env: dict[str, str],
-           stack: ExitStack) -> subprocess.Popen:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = stack.enter_context(log_path.open("wb"))
-    process = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-                               preexec_fn=lambda: os.sched_setaffinity(0, {core}))
-    stack.callback(stop_process, process)
-    return process
-
-
-def _wait(ready, process: subprocess.Popen, what: str, log_path: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}:\n"
-                               f"{log_path.read_text()[-2000:]}")
-        try:
-            if ready():
-                return
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        time.sleep(0.25)
-    raise TimeoutError(f"{what} not ready within {START_TIMEOUT_S:.0f} s (log: {log_path})")
-
-
 def one_thread_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -213,19 +185,19 @@ def start_verifier(cloud_config: Path, core: int, log_dir: Path, max_users: int,
     stack = ExitStack()
     port = free_port()
     log_path = log_dir / "verifier.log"
-    tandem_cloud = Path(sys.executable).parent / "tandem-cloud"
-    argv = [str(tandem_cloud), "serve", "--config", str(cloud_config), "--host", "127.0.0.1",
+    argv = [command("tandem-cloud"), "serve", "--config", str(cloud_config), "--host", "127.0.0.1",
             "--port", str(port), "--log-level", "WARNING",
             "--set", "model.threads=1",
             "--set", f"limits.max_sessions={max(64, max_users + 8)}",
             "--set", f"server.max_workers={max(32, max_users + 16)}"]
     for item in sets:
         argv += ["--set", item]
-    process = _spawn(argv, core, log_path, one_thread_env(), stack)
+    process = launch_in(stack, argv, log_path, env=one_thread_env(), core=core)
     address = f"127.0.0.1:{port}"
     server = ServerProcess("tandem", address, process.pid, log_path, _stack=stack)
     try:
-        _wait(lambda: server.batched_passes() is not None, process, "the verifier", log_path)
+        wait_until(lambda: server.batched_passes() is not None, process, "the verifier",
+                   START_TIMEOUT_S, log_path)
     except BaseException:
         stack.close()
         raise
@@ -249,12 +221,12 @@ def start_vllm(model_dir: Path, core: int, log_dir: Path, max_users: int,
             "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
             "--dtype", "float32", "--enforce-eager", "--max-num-seqs", str(max(16, max_users)),
             "--disable-log-stats"]
-    process = _spawn(argv, core, log_path, env, stack)
+    process = launch_in(stack, argv, log_path, env=env, core=core)
     base = f"127.0.0.1:{port}"
     server = ServerProcess("vllm", base, process.pid, log_path, model=name, _stack=stack)
     try:
-        _wait(lambda: httpx.get(f"http://{base}/v1/models", timeout=2).status_code == 200,
-              process, "vllm serve", log_path)
+        wait_until(lambda: httpx.get(f"http://{base}/v1/models", timeout=2).status_code == 200,
+                   process, "vllm serve", START_TIMEOUT_S, log_path)
     except BaseException:
         stack.close()
         raise

@@ -8,15 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.matrix.results import BenchRow
+from sim.writers import plot_session_trace, pyplot, save_figure
 
 
 def write_plots(out_dir: Path, rows: Sequence[BenchRow], trace: Sequence[dict], trace_title: str) -> list[Path]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    plt = pyplot()
+    written: list[Path] = []
 
     profiles = list(dict.fromkeys((r.channel, r.device) for r in rows))
     configs = list(dict.fromkeys(r.config for r in rows))
@@ -52,28 +49,12 @@ def write_plots(out_dir: Path, rows: Sequence[BenchRow], trace: Sequence[dict], 
     for ax in list(axes.flat)[len(profiles):]:
         ax.axis("off")
     fig.suptitle("tandem bench: verified tokens/s per configuration and profile (local tokens apart, in the table)")
-    fig.tight_layout()
-    path = out_dir / "bench_tokens_per_s.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
-
-    fig, (ax_k, ax_rtt) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    t = [r["t_start_s"] for r in trace]
-    ax_k.step(t, [r["k_asked"] for r in trace], where="post", label="k asked")
-    ax_k.plot(t, [r["accepted"] if r["accepted"] is not None else float("nan") for r in trace],
-              "o", ms=3, label="accepted length")
-    ax_k.set_ylabel("tokens")
-    ax_k.legend(loc="upper right", fontsize=8)
-    ax_k.set_title(f"{trace_title} ({len(trace)} rounds)", fontsize=10)
-    ax_rtt.plot(t, [r["rtt_s"] * 1000.0 for r in trace], ".-", label="round trip")
-    ax_rtt.plot(t, [r["server_forward_s"] * 1000.0 for r in trace], ".", label="of it: target pass")
-    ax_rtt.set_ylabel("ms")
-    ax_rtt.set_xlabel("seconds since the generation started")
-    ax_rtt.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    path = out_dir / "bench_session_trace.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    written.append(save_figure(fig, out_dir / "bench_tokens_per_s.png"))
+    written.append(plot_session_trace(
+        out_dir / "bench_session_trace.png", trace_title, [r["t_start_s"] for r in trace],
+        [r["k_asked"] for r in trace],
+        [(r["t_start_s"], r["accepted"] if r["accepted"] is not None else float("nan"))
+         for r in trace],
+        [r["rtt_s"] * 1000.0 for r in trace], [r["server_forward_s"] * 1000.0 for r in trace],
+        "of it: target pass"))
     return written

@@ -1,14 +1,14 @@
 """The bench's rows and goals as a table (plain or markdown) and as JSON."""
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from bench.matrix.goals import Goal, interval_text
 from bench.matrix.results import BenchRow
+from sim.writers import text_table
+from sim.writers import write_json as write_json_file
 
 
 COLUMNS = [  # header, BenchRow field, format
@@ -33,18 +33,8 @@ def _cell(r: BenchRow, name: str, fmt: str | None) -> str:
 
 
 def format_table(rows: Sequence[BenchRow], markdown: bool = False) -> str:
-    cells = [[h for h, _, _ in COLUMNS]]
-    for r in rows:
-        cells.append([_cell(r, name, fmt) for _, name, fmt in COLUMNS])
-    if markdown:
-        lines = ["| " + " | ".join(row) + " |" for row in cells]
-        lines.insert(1, "|" + "|".join("---" if i < 3 else "---:" for i in range(len(COLUMNS))) + "|")
-        return "\n".join(lines)
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-             for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    columns = [(h, lambda r, name=name, fmt=fmt: _cell(r, name, fmt)) for h, name, fmt in COLUMNS]
+    return text_table(columns, rows, left=3, markdown=markdown)
 
 
 def format_goals(items: Sequence[Goal], markdown: bool = False) -> str:
@@ -59,18 +49,6 @@ def format_goals(items: Sequence[Goal], markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _finite(value):
-    """JSON has no infinity or NaN: such a number (an unbounded interval end) becomes null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def write_json(path: Path, rows: Sequence[BenchRow], goal_list: Sequence[Goal], extra: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"rows": [asdict(r) for r in rows], "goals": [asdict(g) for g in goal_list], **extra}
-    path.write_text(json.dumps(_finite(payload), indent=2, allow_nan=False) + "\n")
+    write_json_file(path, {"rows": [asdict(r) for r in rows], "goals": [asdict(g) for g in goal_list],
+                           **extra})

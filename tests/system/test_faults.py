@@ -32,7 +32,7 @@ from verifier_harness import (channel_to, open_draft, start_verifier,  # noqa: F
 from waiting import wait_for
 
 from sim.netem import ChannelProfile, ChannelProxy
-from bench.load import cloud_info, free_port
+from bench.processes import cloud_info, free_port
 from cloud.config import CloudConfig
 from cloud.server import create_server
 from edge.cli import main as edge_main
