@@ -34,6 +34,7 @@ from bench.capacity.paper_inputs import (cells_of, engine_from_capacity,
 from bench.passcost.surface import Surface
 
 DEFAULT_INPUTS = [Path("docs/capacity/capacity.json"), Path("docs/capacity/lte-phone-48-64.json")]
+COMMITTED_SURFACE = Path("docs/capacity/cpu-target-surface.json")  # that run's verifier's
 CONTROLLER = "controller"
 
 
@@ -51,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: the committed run, docs/capacity/)")
     p.add_argument("--calibrate-on", type=Path, default=None, metavar="SURFACE.json",
                    help="the surface of the verifier the inputs were measured with (default: "
-                        "SURFACE)")
+                        f"with the default inputs {COMMITTED_SURFACE}, SURFACE with --validate or "
+                        "other inputs)")
     p.add_argument("--engine-ms", type=_floats, default=None, metavar="PASS,JOB",
                    help="the predicted verifier's engine CPU per pass and per session, ms "
                         "(default: as fitted for the inputs' verifier)")
@@ -76,14 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     surface = Surface.load(args.surface)
-    reference = Surface.load(args.calibrate_on) if args.calibrate_on else surface
+    calibrate = args.calibrate_on
+    if calibrate is None and args.inputs is None and not args.validate:
+        calibrate = COMMITTED_SURFACE  # the committed run's own verifier
+    reference = Surface.load(calibrate) if calibrate else surface
     rows = load_rows(args.inputs or DEFAULT_INPUTS)
     shipped = _shipped_engine()
     workload = Workload()
     run_engine = engine_from_capacity(reference, rows, workload, shipped)
     run_model = Model(reference, run_engine, workload)
     # The run's own verifier when predicting it (--validate); another device's starts bare.
-    engine = shipped if args.calibrate_on else run_engine
+    engine = shipped if calibrate else run_engine
     engine = replace(engine, max_batch=args.max_batch or shipped.max_batch)
     if args.engine_ms:
         engine = replace(engine, pass_ms=args.engine_ms[0], job_ms=args.engine_ms[1])
