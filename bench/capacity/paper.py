@@ -7,9 +7,10 @@ cloud run, whose next token is generated in the very next pass) and a round in t
 The verifier runs passes of the rounds waiting (at most max_batch), back to back when busy; a
 pass of B sessions feeding n tokens each costs
 
-    S(B, n) = surface(B, n, context) + engine.pass_ms + engine.job_ms * B
+    S(B, n) = scale * surface(B, n, context) + engine.pass_ms + engine.job_ms * B
 
-(the engine's CPU work around the forward pass: batching, the acceptance test, messages), and
+(the engine's CPU work around the forward pass: batching, the acceptance test, messages; scale
+reads a surface measured on a shared CPU at the level its verifier ran, 1 elsewhere), and
 the prompts that arrive meanwhile take passes of their own (the batcher never mixes prompts
 with rounds). For rounds, the cycle C of the mean user solves, with lambda = N / C rounds/s,
 B = clamp(lambda * D, 1, max_batch), D = S(B, n) + the prompts' share, busy share rho =
@@ -40,6 +41,7 @@ class Engine:
     job_ms: float = 0.0        # and per session in the pass
     window_ms: float = 2.0     # batch.window_ms: an idle verifier waits this long to gather
     max_batch: int = 64        # batch.max_batch
+    surface_scale: float = 1.0  # the forward passes cost this times the surface
 
 
 @dataclass
@@ -89,7 +91,8 @@ class Model:
         key = (round(batch, 2), tokens, round(context or self.workload.pass_context(), 1))
         if key not in self._forward:
             self._forward[key] = self.surface.pass_ms(*key)
-        return self._forward[key] + self.engine.pass_ms + self.engine.job_ms * batch
+        return (self.engine.surface_scale * self._forward[key] + self.engine.pass_ms
+                + self.engine.job_ms * batch)
 
     def _period(self, batch: float, tokens: int, prompts_per_s: float) -> tuple[float, float]:
         """(S, D): a round pass and the pass period with the prompts' passes (prompts that

@@ -13,9 +13,12 @@ of those: what the adaptive controller aims at) hold at the SLOs, the users whos
 device, and which bound binds.
 
 The inputs were measured against the verifier of that run, so the time off the verifier is
-read with that verifier's own surface and engine (--calibrate-on: its surface, default SURFACE
-itself; its engine fitted on the run's cloud-only CPU readings). --validate compares the
-predictions with the run's own measured capacities on the run's sweep grid.
+read with that verifier's own surface (--calibrate-on, default SURFACE itself), at the level
+the run's cloud-only CPU readings put its passes (a scale on the surface: this CPU is shared,
+its speed comparable only within one run). Predicting that same verifier (--validate), the
+model keeps that scale; another device's surface is taken as it is, with the engine's CPU work
+per pass and session from --engine-ms or --engine-from (none by default). --validate compares
+the predictions with the run's own measured capacities on the run's sweep grid.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from bench.capacity.paper_inputs import (cells_of, engine_from_capacity,
 from bench.passcost.surface import Surface
 
 DEFAULT_INPUTS = [Path("docs/capacity/capacity.json"), Path("docs/capacity/lte-phone-48-64.json")]
+COMMITTED_SURFACE = Path("docs/capacity/cpu-target-surface.json")  # that run's verifier's
 CONTROLLER = "controller"
 
 
@@ -48,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: the committed run, docs/capacity/)")
     p.add_argument("--calibrate-on", type=Path, default=None, metavar="SURFACE.json",
                    help="the surface of the verifier the inputs were measured with (default: "
-                        "SURFACE)")
+                        f"with the default inputs {COMMITTED_SURFACE}, SURFACE with --validate or "
+                        "other inputs)")
     p.add_argument("--engine-ms", type=_floats, default=None, metavar="PASS,JOB",
                    help="the predicted verifier's engine CPU per pass and per session, ms "
                         "(default: as fitted for the inputs' verifier)")
@@ -73,13 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     surface = Surface.load(args.surface)
-    reference = Surface.load(args.calibrate_on) if args.calibrate_on else surface
+    calibrate = args.calibrate_on
+    if calibrate is None and args.inputs is None and not args.validate:
+        calibrate = COMMITTED_SURFACE  # the committed run's own verifier
+    reference = Surface.load(calibrate) if calibrate else surface
     rows = load_rows(args.inputs or DEFAULT_INPUTS)
-    base = _shipped_engine(args.max_batch)
+    shipped = _shipped_engine()
     workload = Workload()
-    run_engine = engine_from_capacity(reference, rows, workload, base)
+    run_engine = engine_from_capacity(reference, rows, workload, shipped)
     run_model = Model(reference, run_engine, workload)
-    engine = run_engine if args.max_batch is None else replace(run_engine, max_batch=args.max_batch)
+    # The run's own verifier when predicting it (--validate); another device's starts bare.
+    engine = shipped if calibrate else run_engine
+    engine = replace(engine, max_batch=args.max_batch or shipped.max_batch)
     if args.engine_ms:
         engine = replace(engine, pass_ms=args.engine_ms[0], job_ms=args.engine_ms[1])
     elif args.engine_from:
@@ -109,12 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _shipped_engine(max_batch: int | None) -> Engine:
+def _shipped_engine() -> Engine:
     from cloud.config import CloudConfig
     from tandem.config import load_config, resolve_path
 
     batch = load_config(resolve_path(Path("configs/cloud.yaml")), CloudConfig).batch
-    return Engine(window_ms=batch.window_ms, max_batch=max_batch or batch.max_batch)
+    return Engine(window_ms=batch.window_ms, max_batch=batch.max_batch)
 
 
 def _cell(model: Model, cell: tuple[str, str], options, args) -> dict:
@@ -155,6 +165,7 @@ def _header(report: dict) -> str:
     e, w = report["engine"], report["workload"]
     return (f"On paper: {report['model']} on {report['device']}\n  surface: {report['source']}\n"
             f"  engine: {e['pass_ms']:.2f} ms a pass + {e['job_ms']:.3f} ms a session, "
+            f"passes at {e['surface_scale']:.3g} x the surface, "
             f"max_batch {e['max_batch']}, window {e['window_ms']} ms; workload: prompts of "
             f"{w['prompt_tokens']:.0f} tokens, {w['max_tokens']} generated, context "
             f"{w['context'] or 'prompt + half the output'}; K/V holds {report['kv_users']} users")

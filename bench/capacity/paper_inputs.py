@@ -1,14 +1,15 @@
 """The on-paper model's measured inputs (bench/capacity/paper.py):
 
 - per channel x device cell, each option's tokens per round (tau) and time off the verifier per
-  round (z), from a `tandem capacity` JSON's unloaded rows (N = 1: the cell's TPOT p50 and p90
-  and the users' passes per token, less what the model says the idle verifier took), for
-  cloud-only and fixed-k4; other k from the decided bench's tau by k (scaled to the run's
+  round (z), from a `tandem capacity` JSON's lightly loaded rows (N <= 4: the cell's TPOT p50
+  and p90 and the users' passes per token, less what the model says the verifier took at that
+  N), for cloud-only and fixed-k4; other k from the decided bench's tau by k (scaled to the run's
   measured k = 4) and the device's draft speed (draft_behaviour.json, sources named there);
-- the engine's CPU work around a pass (Engine.pass_ms, job_ms), fitted on the verifier's own
-  readings: cloud-only rows of a capacity run (CPU per token, passes per token: everything the
-  one-core server does, gRPC included), or a verifier-bench JSON's target-only rows (the engine
-  in-process: round p50 at each session count).
+- the verifier around its passes: for the run's own verifier, the level of its passes (a scale
+  on the surface) fitted on the verifier's CPU readings of cloud-only rows (everything the
+  one-core server does, gRPC included); for a predicted one, the engine's CPU work per pass and
+  per session (Engine.pass_ms, job_ms) fitted on a verifier-bench JSON's target-only rows (the
+  engine in-process: round p50 at each session count), or given.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from bench.capacity.paper import Engine, Model, UserMode, Workload
 
 BEHAVIOUR = Path(__file__).with_name("draft_behaviour.json")
 FIXED_K = 4
+LIGHT_USERS = 4   # rows up to this many users calibrate a cell (the verifier mostly idle)
 
 
 def load_rows(paths: list[Path]) -> list[dict]:
@@ -35,10 +37,11 @@ def cells_of(rows: list[dict]) -> list[tuple[str, str]]:
     return list(dict.fromkeys((r["channel"], r["device"]) for r in rows))
 
 
-def _unloaded(rows: list[dict], cell: tuple[str, str], config: str) -> dict | None:
-    mine = [r for r in rows if (r["channel"], r["device"], r["config"]) == (*cell, config)
-            and r.get("tpot_p50_s")]
-    return min(mine, key=lambda r: r["users"]) if mine else None
+def _light(rows: list[dict], cell: tuple[str, str], config: str) -> list[dict]:
+    """The cell's rows of `config` at up to LIGHT_USERS users: each user at its own offset into
+    the link's trace, so together they sample the link's spread better than one user does."""
+    return [r for r in rows if (r["channel"], r["device"], r["config"]) == (*cell, config)
+            and r.get("tpot_p50_s") and r["users"] <= LIGHT_USERS]
 
 
 def behaviour(path: Path = BEHAVIOUR) -> dict:
@@ -49,15 +52,15 @@ def options_for(model: Model, rows: list[dict], cell: tuple[str, str], ks: list[
                 known: dict | None = None) -> list[UserMode]:
     """cloud-only and fixed k for each k in ks, calibrated on the cell's unloaded rows."""
     known = known or behaviour()
-    cloud = _unloaded(rows, cell, "cloud-only")
-    fixed = _unloaded(rows, cell, f"fixed-k{FIXED_K}")
+    cloud = _light(rows, cell, "cloud-only")
+    fixed = _light(rows, cell, f"fixed-k{FIXED_K}")
     options = []
-    if cloud is not None:
+    if cloud:
         options.append(_calibrated(model, UserMode("cloud-only", 0, 1.0, {}), cloud))
-    if fixed is None:
+    if not fixed:
         return options
-    base = _calibrated(model, UserMode(f"fixed-k{FIXED_K}", FIXED_K,
-                                     1.0 / fixed["passes_per_token"], {}), fixed)
+    tau = _mean([1.0 / r["passes_per_token"] for r in fixed], fixed)
+    base = _calibrated(model, UserMode(f"fixed-k{FIXED_K}", FIXED_K, tau, {}), fixed)
     tau_by_k = {int(k): v for k, v in known["tau_by_k"].items()}
     speed = known["draft_tok_s"][cell[1]]
     accepted = (base.tau - 1.0) / (tau_by_k[FIXED_K] - 1.0)
@@ -72,38 +75,54 @@ def options_for(model: Model, rows: list[dict], cell: tuple[str, str], ks: list[
     return options
 
 
-def _calibrated(model: Model, option: UserMode, row: dict) -> UserMode:
-    """The option's z (and TTFT's link part) such that the model at the row's N reproduces
-    its TPOT p50 and p90 (the verifier's part at that load is the model's)."""
-    measured = {"p50": row["tpot_p50_s"], "p90": row["tpot_p90_s"]}
-    guess = replace(option, z_s={q: 0.0 for q in measured})
-    for _ in range(3):  # the verifier's part depends a little on z (its busy share)
-        load = model.load(guess, row["users"])
-        verifier_s = load.response_ms / 1000.0
-        guess = replace(guess, z_s={q: t * option.tau - verifier_s for q, t in measured.items()})
-    ttft = row.get("ttft_p90_s") or 0.0
-    return replace(guess, ttft_link_s=ttft - model.verifier_ttft_s(guess))
+def _calibrated(model: Model, option: UserMode, rows: list[dict]) -> UserMode:
+    """The option's z (and TTFT's link part) such that the model at each row's N reproduces
+    its TPOT p50 and p90 (the verifier's part at that load is the model's), averaged over the
+    rows by their requests."""
+    z: dict[str, list[float]] = {"p50": [], "p90": []}
+    ttft: list[float] = []
+    for row in rows:
+        measured = {"p50": row["tpot_p50_s"], "p90": row["tpot_p90_s"]}
+        guess = replace(option, z_s={q: 0.0 for q in measured})
+        for _ in range(3):  # the verifier's part depends a little on z (its busy share)
+            verifier_s = model.load(guess, row["users"]).response_ms / 1000.0
+            guess = replace(guess, z_s={q: t * option.tau - verifier_s
+                                        for q, t in measured.items()})
+        for q in z:
+            z[q].append(guess.z_s[q])
+        ttft.append((row.get("ttft_p90_s") or 0.0) - model.verifier_ttft_s(guess))
+    return replace(option, z_s={q: _mean(v, rows) for q, v in z.items()},
+                   ttft_link_s=_mean(ttft, rows))
+
+
+def _mean(values: list[float], rows: list[dict]) -> float:
+    weights = [max(r.get("requests", 1), 1) for r in rows]
+    return sum(v * w for v, w in zip(values, weights)) / sum(weights)
 
 
 def engine_from_capacity(surface, rows: list[dict], workload: Workload, base: Engine,
                          min_busy: float = 0.8) -> Engine:
-    """pass_ms and job_ms by least squares on cloud-only rows whose verifier was busy (its CPU
-    per pass then is its time per pass): y = CPU per decode pass less the surface's pass and
-    the prompts' passes, against B (every user in every pass up to max_batch)."""
-    points = []
+    """The run's verifier as a scaled surface: its passes cost `scale` times the surface, scale
+    by least squares (through 0) on the cloud-only rows whose verifier was busy (its CPU per
+    token then is its time per token): CPU per decode pass of B users (every user in every
+    pass up to max_batch) against the surface's pass and its share of the prompts' passes.
+    One number, so that a surface measured on this shared CPU at another moment (the preamble:
+    speed only as ratios within one run) keeps its shape and takes the run's level; the
+    engine's own work around the pass is in the scale."""
+    pairs = []
     for r in rows:
         if (r["config"] != "cloud-only" or not r.get("verifier_cpu_s_per_token")
                 or (r.get("verifier_busy") or 0.0) < min_busy):
             continue
         batch = min(r["users"], base.max_batch)
-        per_token_ms = r["verifier_cpu_s_per_token"] * 1000.0
         prompt_ms = surface.pass_ms(1, workload.prompt_tokens, workload.prompt_tokens)
         forward = surface.pass_ms(batch, 1, workload.pass_context())
-        # CPU per pass of B tokens: the forward, the prompts' forwards (one per max_tokens of
-        # tokens, not shared: the unloaded case), and the engine
-        points.append((batch, per_token_ms * batch - forward
-                       - prompt_ms * batch / workload.max_tokens))
-    return _fit(points, base)
+        pairs.append((forward + prompt_ms * batch / workload.max_tokens,
+                      r["verifier_cpu_s_per_token"] * 1000.0 * batch))
+    if not pairs:
+        return base
+    scale = sum(x * y for x, y in pairs) / sum(x * x for x, _ in pairs)
+    return replace(base, pass_ms=0.0, job_ms=0.0, surface_scale=scale)
 
 
 def engine_from_verifier_bench(surface, path: Path, base: Engine,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -71,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop measuring this long after the start, model writing and loading "
                         "included (what is measured is written)")
     p.add_argument("--probe", type=int, default=3, metavar="N",
-                   help="also run the verifier's own position-cost probe N times (0: not)")
+                   help="also run the verifier's own position-cost probe N times, each paired "
+                        "with the same c from this timer's passes (0: not)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = default")
     p.add_argument("--out", type=Path, default=None, help=f"directory (default "
                                                           f"{DEFAULT_OUT}/NAME)")
@@ -94,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[pass-cost {time.monotonic() - started:6.1f} s] {text}", file=sys.stderr,
                   flush=True)
 
+    # A step's `timeout` sends SIGTERM: exit through the finally below, so a random model's
+    # temporary directory (GBs) goes too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     made = None
     if args.shape:
         progress(f"writing a random {args.shape} ({args.layers or 'all'} layers, {args.dtype})")
@@ -117,13 +122,23 @@ def main(argv: list[str] | None = None) -> int:
                  f"bytes per token, {free / 2**30:.1f} GiB free")
         points = timer.surface(grid, progress)
         probes = _probe(runtime, args.probe, progress)
+        # The runtime serves a target by its slot pool when its self-test passes, else by the
+        # exact path (cloud/runtime/serving_path.py); the surface says which it timed.
+        serving = getattr(getattr(runtime, "path", None), "name", "slots")
+        if serving != "slots":
+            progress(f"note: {name} is served by the {serving} path, not the slot pool")
         surface = Surface(source=f"tandem pass-cost, measured {time.strftime('%Y-%m-%d %H:%M')}"
                           f" UTC", device=_device_name(runtime.device), model=name,
                           dtype=args.dtype, kv_bytes_per_token=runtime.bytes_per_token,
-                          kv_room_bytes=timer.kv_room, points=points, skipped=timer.skipped)
+                          serving_path=serving,
+                          kv_room_bytes=timer.kv_room, points=points, skipped=timer.skipped,
+                          probe_pairs=[list(pair) for pair in probes])
         if probes:
-            surface.notes.append(f"the verifier's probe (TargetRuntime.position_ms, 8 sessions "
-                                 f"at 64 positions) on this runtime: {_spread(probes)} ms")
+            surface.notes.append(
+                f"c, the ms a fed position adds (8 sessions at 64 positions, 1 vs 9 tokens), "
+                f"{len(probes)} pairs: the verifier's probe (TargetRuntime.position_ms) "
+                f"{_spread([p for p, _ in probes])}, this timer "
+                f"{_spread([t for _, t in probes])}")
     finally:
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)
@@ -131,24 +146,24 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     surface.write(out / "surface.json", out / "surface.csv")
     from bench.passcost.report import surface_table, write_plot
-    print(surface_table(surface, probes))
+    print(surface_table(surface))
     written = write_plot(surface, out / "surface.png") if surface.points else None
     print(f"written: {out / 'surface.json'}, {out / 'surface.csv'}"
           + (f", {written}" if written else ""))
     return 0 if surface.points else 1
 
 
-def _probe(runtime, repeats: int, progress) -> list[float]:
-    if repeats <= 0:
+def _probe(runtime, rounds: int, progress) -> list[tuple[float, float]]:
+    if rounds <= 0:
         return []
-    from bench.passcost.measure import probe_position_ms
-    progress(f"the verifier's position probe x{repeats}")
-    return probe_position_ms(runtime, repeats)
+    from bench.passcost.measure import paired_probe
+    progress(f"the verifier's position probe and the timer's, paired, x{rounds}")
+    return paired_probe(runtime, rounds)
 
 
 def _spread(values: list[float]) -> str:
     return (f"median {statistics.median(values):.4f} [min {min(values):.4f}, max "
-            f"{max(values):.4f}] over {len(values)}")
+            f"{max(values):.4f}]")
 
 
 def _config_model(cloud_config: Path) -> Path:

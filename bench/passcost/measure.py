@@ -96,12 +96,12 @@ class PassTimer:
             states = [self.runtime.new_state() for _ in range(max(batches))]
             try:
                 progress(f"context {context}: filling {len(states)} sessions")
-                self._prefill(states, context - 1, grid.prefill_tokens)
+                self.fill(states, context - 1, grid.prefill_tokens)
                 for batch in batches:
                     if grid.deadline and time.monotonic() > grid.deadline:
                         self.skipped.append(f"B={batch} at context {context}: out of time")
                         continue
-                    points += self._cell(states[:batch], grid.tokens, context, grid.reps)
+                    points += self.cell(states[:batch], grid.tokens, context, grid.reps)
                     progress(f"context {context} B={batch}: " + ", ".join(
                         f"n={p.tokens} {p.ms:.2f} ms" for p in points[-len(grid.tokens):]))
             finally:
@@ -109,7 +109,7 @@ class PassTimer:
                     state.release()
         return points
 
-    def _prefill(self, states, length: int, budget: int) -> None:
+    def fill(self, states, length: int, budget: int) -> None:
         """Every state to `length` positions, in passes of at most `budget` tokens."""
         chunk = max(1, min(length, budget))
         per_pass = max(1, budget // chunk)
@@ -120,7 +120,7 @@ class PassTimer:
             self.runtime.forward([(s, [PAD] * min(chunk, length - s.length)) for s in behind])
             self._sync()
 
-    def _cell(self, states, tokens: Sequence[int], context: int, reps: int) -> list[PassPoint]:
+    def cell(self, states, tokens: Sequence[int], context: int, reps: int) -> list[PassPoint]:
         times: dict[int, list[float]] = {n: [] for n in tokens}
         for rep in range(reps + 1):
             for n in tokens:
@@ -138,8 +138,26 @@ class PassTimer:
                 for n, ms in times.items()]
 
 
-def probe_position_ms(runtime, repeats: int) -> list[float]:
-    """The verifier's own measurement of c (TargetRuntime.position_ms, measured once per
-    runtime and cached), taken `repeats` times on this runtime: its noise."""
+PROBE_SESSIONS, PROBE_PAST, PROBE_K = 8, 64, 8   # TargetRuntime.position_ms's probe
+
+
+def paired_probe(runtime, rounds: int, reps: int = 5) -> list[tuple[float, float]]:
+    """The verifier's own c (TargetRuntime.position_ms, measured once per runtime and cached,
+    so taken here through its function) and the same c read off this timer's passes (8
+    sessions, 1 and 9 tokens each, ending at position 73), one after the other `rounds`
+    times: the same load on both, so their spreads say whether they agree. (probe, timer) ms."""
     measure = type(runtime).position_ms.func
-    return [measure(runtime) for _ in range(repeats)]
+    timer = PassTimer(runtime, kv_room=0)
+    context = PROBE_PAST + 1 + PROBE_K
+    states = [runtime.new_state() for _ in range(PROBE_SESSIONS)]
+    pairs = []
+    try:
+        timer.fill(states, context - 1, 1024)
+        for _ in range(rounds):
+            probe = measure(runtime)
+            narrow, wide = timer.cell(states, [1, 1 + PROBE_K], context, reps)
+            pairs.append((probe, max(wide.ms - narrow.ms, 0.0) / (PROBE_SESSIONS * PROBE_K)))
+    finally:
+        for state in states:
+            state.release()
+    return pairs

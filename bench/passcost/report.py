@@ -1,17 +1,14 @@
 """`tandem pass-cost`'s table and plot."""
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from bench.passcost.surface import Surface
 
-PROBE_BATCH = 8   # the verifier's own probe: 8 sessions at 64 positions (cloud/runtime/target.py)
-
-
-def surface_table(surface: Surface, probes: list[float] = ()) -> str:
+def surface_table(surface: Surface) -> str:
     batches, tokens, contexts = surface.grid()
-    lines = [f"{surface.model} on {surface.device} ({surface.dtype}); {surface.source}"]
+    lines = [f"{surface.model} on {surface.device} ({surface.dtype}, served by the "
+             f"{surface.serving_path or 'slots'} path); {surface.source}"]
     for context in contexts:
         lines += ["", f"context {context}: pass ms (median [min, max]) by tokens per session; "
                       f"step = the 1-token pass / B; c = what a fed position adds; position "
@@ -37,12 +34,7 @@ def surface_table(surface: Surface, probes: list[float] = ()) -> str:
         held = surface.kv_sessions(context)
         if held is not None:
             lines.append(f"  context {context}: K/V for {held} sessions")
-    if probes and surface.points:
-        context = contexts[0]
-        lines += ["", f"c at B = {PROBE_BATCH}, context {context}, from the surface: "
-                      f"{surface.position_ms(PROBE_BATCH, context):.4f} ms; the verifier's probe "
-                      f"(TargetRuntime.position_ms) here: median {statistics.median(probes):.4f} "
-                      f"[{min(probes):.4f}, {max(probes):.4f}] over {len(probes)}"]
+    lines += [f"note: {n}" for n in surface.notes]
     lines += [f"skipped: {s}" for s in surface.skipped]
     return "\n".join(lines)
 

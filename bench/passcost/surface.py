@@ -41,6 +41,8 @@ class Surface:
     kv_read_gb_s: float | None = None  # published: attention reads every cached K/V once a pass
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    probe_pairs: list[list[float]] = field(default_factory=list)  # [verifier's c, timer's c]
+    serving_path: str | None = None   # the runtime's path: slots (the KV pool) or exact
 
     # -- reading it -------------------------------------------------------------------------
 

@@ -75,7 +75,7 @@ def test_the_kv_bound_and_a_link_that_misses_alone():
 
 
 def test_calibration_reproduces_the_unloaded_rows():
-    """z is read off a cell's N = 1 rows, so the model gives back their TPOT p50 and p90."""
+    """z is read off a cell's lightly loaded rows, so the model gives back their TPOT p50 and p90."""
     model = Model(_affine(), Engine(pass_ms=1.0, job_ms=0.2), Workload())
     rows = [dict(channel="lte", device="phone", config="cloud-only", users=1, tpot_p50_s=0.008,
                  tpot_p90_s=0.011, ttft_p90_s=0.3, passes_per_token=1.0),
