@@ -3,7 +3,7 @@
 # one CUDA GPU, every result to $OUT (default out/gpu-check): JSON, plots, summary.md.
 #
 #   scripts/gpu-check.sh          on a machine with CUDA
-#   scripts/gpu-check.sh --cpu    the same steps at smoke size on the CPU (tests/test_gpu_check.py)
+#   scripts/gpu-check.sh --cpu    the same steps at smoke size on the CPU (tests/bench/test_gpu_check.py)
 #
 # Steps, each under its own `timeout` (cap in seconds on CUDA; --cpu's smoke caps are looser,
 # for a shared CPU), so a slow step never loses the others; steps.tsv has each one's exit
@@ -11,7 +11,7 @@
 #   identity         50  the verifier's batched path vs transformers' greedy generate on the
 #                        device, 16 held-out prompts x 32 tokens (bench/passcost/identity.py)
 #   tests            60  TANDEM_TEST_DEVICE=cuda pytest: the target runtime, the batched test,
-#                        end-to-end greedy, and tests/test_family_conformance.py if present
+#                        end-to-end greedy, and tests/models/test_family_conformance.py if present
 #   surface-target   40  tandem pass-cost, the shipped target (float32, as it ships)
 #   surface-llama-1b 50  tandem pass-cost, a random Llama-3.2-1B-shape target (bfloat16)
 #   surface-llama-8b 90  tandem pass-cost, a random Llama-3.1-8B-shape target (bfloat16)
@@ -74,8 +74,8 @@ if [ "$MODE" = cuda ]; then
     DEV=(--device cuda)
     step identity 50 "$PY" -m bench.passcost.identity --device cuda --prompts 16 --tokens 32 \
         --json "$OUT/identity.json"
-    TESTS=(tests/test_target_runtime.py tests/test_verify_batch.py tests/test_e2e_greedy.py)
-    [ -f tests/test_family_conformance.py ] && TESTS+=(tests/test_family_conformance.py)
+    TESTS=(tests/cloud/test_target_runtime.py tests/cloud/test_verify_batch.py tests/system/test_e2e_greedy.py)
+    [ -f tests/models/test_family_conformance.py ] && TESTS+=(tests/models/test_family_conformance.py)
     step tests 60 env TANDEM_TEST_DEVICE=cuda "$PY" -m pytest -q -x -p no:cacheprovider "${TESTS[@]}"
     GRID=(--batches 1,2,4,8,16,32,64,128,256 --tokens 1,2,4,6,8,12 --contexts 256,1024 --reps 5)
     passcost target 40 32 "${DEV[@]}" --model models/tandem-target "${GRID[@]}" --probe 3

@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_gpu_check_runs_every_step_at_smoke_size(tmp_path):
