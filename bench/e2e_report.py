@@ -33,7 +33,8 @@ import torch
 from cloud.config import BatchSettings, CloudConfig, ModelSettings, ServerSettings
 from cloud.runtime.target import TargetRuntime
 from cloud.server import create_server
-from edge.client import EdgeClient, GenerationRequest
+from edge.client import EdgeClient
+from edge.request import GenerationRequest
 from edge.config import ClientConfig, CloudLinkConfig
 from edge.link import make_channel
 from edge.runtime import DraftConfig, MissingBackend, load_draft_runtime

@@ -51,7 +51,8 @@ from bench.matrix.oracle import target_greedy
 from cloud.config import CloudConfig
 from cloud.runtime.target import TargetRuntime
 from cloud.server import create_server
-from edge.client import EdgeClient, GenerationRequest
+from edge.client import EdgeClient
+from edge.request import GenerationRequest
 from edge.config import DEFAULT_DRAFTER, ClientConfig, EdgeConfig, resolve_paths
 from edge.link import make_channel
 from edge.record import GenerationResult

@@ -133,7 +133,8 @@ def _generate(args: argparse.Namespace) -> int:
     except (ConfigError, OSError, ValueError) as exc:
         return fail("tandem-edge", exc)
     # Imported here so that `--help` and config errors do not pay for loading torch.
-    from edge.client import EdgeClient, GenerationRequest
+    from edge.client import EdgeClient
+    from edge.request import GenerationRequest
     from edge.link.errors import ClientError
     from edge.link.monitor import start_monitor
     from edge.link import call_metadata, make_channel

@@ -17,7 +17,6 @@ import random
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import grpc
 
@@ -29,43 +28,13 @@ from edge.fast_calibration import FastCalibration
 from edge.generation import Generation
 from edge.link import VerifierLink
 from edge.link.monitor import LinkMonitor
-from edge.link.offline import OfflineControl, OfflineMode
+from edge.link.offline import OfflineControl
 from edge.record import GenerationResult
+from edge.request import GenerationRequest
 from edge.runtime.base import DraftRuntime
 from edge.state import OnRound, OnTokens
 from tandem.qcodec import codec_for
-from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
-
-@dataclass
-class GenerationRequest:
-    prompt_ids: list[int]
-    max_tokens: int
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    draft_length: int | None = None  # a fixed k for this request; None = the client's policy
-    # Generation stops right after emitting one of these (the stop id is part of the output).
-    # Callers pass their tokenizer's eos (edge.tokenizer.EdgeTokenizer.stop_ids); empty = none.
-    stop_ids: frozenset[int] = frozenset()
-    # "lossless": every token verified; "fast": the policy may let the edge emit low-entropy
-    # spans unverified (edge/control/entropy.py). None = client.mode.
-    mode: str | None = None
-    max_unverified_run: int | None = None  # fast mode's bound; None = client.max_unverified_run
-    # fast mode: the expected share of emitted tokens the target would itself choose
-    # (edge/fast_mode.py); None = client.fast.min_agreement
-    min_agreement: float | None = None
-    # While the verifier is away: "continue" | "wait" | "require_verified" (edge/link/
-    # offline.py); None = client.offline. offline_wait_s: None = client.offline_wait_s.
-    offline: str | None = None
-    offline_wait_s: float | None = None
-    # The speed this request needs (tokens/s): under a priced verifier's load the adaptive
-    # controller spends fewer passes per token only while it keeps to it. None = the client's
-    # client.min_tokens_per_s.
-    min_tokens_per_s: float | None = None
-
-
-MODES = ("lossless", "fast")
-OFFLINE_MODES = tuple(mode.value for mode in OfflineMode)
-
 
 class EdgeClient:
     """Runs generations against one verifier over `channel` with one draft runtime, or a ladder
@@ -115,23 +84,8 @@ class EdgeClient:
         with every committed chunk as it is committed (returning False stops the generation);
         on_round(record) after every round; setting stop_event stops it at once. A stopped
         generation returns what it committed, with finish_reason "cancelled"."""
-        if not request.prompt_ids:
-            raise ValueError("the prompt must hold at least one token")
-        if request.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
-        if request.draft_length is not None and request.draft_length < 0:
-            raise ValueError(f"draft_length must be >= 0, got {request.draft_length}")
-        mode = request.mode or self.config.mode
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if request.max_unverified_run is not None and request.max_unverified_run < 0:
-            raise ValueError(f"max_unverified_run must be >= 0, got {request.max_unverified_run}")
-        if request.min_tokens_per_s is not None and not request.min_tokens_per_s >= 0:
-            raise ValueError(f"min_tokens_per_s must be >= 0, got {request.min_tokens_per_s}")
-        if request.min_agreement is not None and not 0 < request.min_agreement <= 1:
-            raise ValueError(f"min_agreement must be in (0, 1], got {request.min_agreement}")
-        if request.offline is not None and request.offline not in OFFLINE_MODES:
-            raise ValueError(f"offline must be one of {OFFLINE_MODES}, got {request.offline!r}")
+        request = request.resolved(self.config)  # checked when built; defaults filled here
+        mode = request.mode
         offline = OfflineControl(self.config, self.monitor, request.offline,
                                  request.offline_wait_s)
         policy = self._policy_for(request, fast=mode == "fast")
@@ -146,13 +100,9 @@ class EdgeClient:
                               on_tokens=on_tokens, on_round=on_round, stop_event=stop_event,
                               jitter_rng=self.jitter_rng, cursors=self.cursors,
                               fast=mode == "fast",
-                              max_unverified_run=self.config.max_unverified_run
-                              if request.max_unverified_run is None
-                              else request.max_unverified_run, offline=offline,
+                              max_unverified_run=request.max_unverified_run, offline=offline,
                               calibration=self.calibration,
-                              min_agreement=self.config.fast.min_agreement
-                              if request.min_agreement is None
-                              else request.min_agreement).run()
+                              min_agreement=request.min_agreement).run()
         finally:
             offline.close()
 

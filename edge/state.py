@@ -18,6 +18,7 @@ from edge.fast_mode import FastModeGate
 from edge.link.errors import Stopped
 from edge.link_state import LinkState
 from edge.record import GenerationResult, RoundRecord
+from edge.request import GenerationRequest
 from tandem.v1 import decoding_pb2 as pb
 
 # on_tokens(ids, verified) -> False stops the generation (None or True go on).
@@ -36,7 +37,7 @@ def truncate(tokens: list[int], room: int, stop_ids: frozenset[int]) -> tuple[li
 
 
 class GenerationState:
-    def __init__(self, request, policy: DraftPolicy, gate: FastModeGate,
+    def __init__(self, request: GenerationRequest, policy: DraftPolicy, gate: FastModeGate,
                  on_tokens: OnTokens | None = None, on_round: OnRound | None = None,
                  stop_event: threading.Event | None = None) -> None:
         self.request = request
@@ -80,7 +81,7 @@ class GenerationState:
                          max_q_entries=caps.q_entries_cap(), server_load=server_load,
                          fast=self.gate.fast, max_send_ahead=caps.window(), drafters=drafters,
                          price=price, position_cost=position_cost, token_ms=token_ms,
-                         min_tokens_per_s=getattr(self.request, "min_tokens_per_s", None))
+                         min_tokens_per_s=self.request.min_tokens_per_s)
 
     # ---- the end of a round ---------------------------------------------------------------
 

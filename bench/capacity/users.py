@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from edge.client import EdgeClient, GenerationRequest
+from edge.client import EdgeClient
+from edge.request import GenerationRequest
 
 
 @dataclass

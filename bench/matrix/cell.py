@@ -29,7 +29,8 @@ from tandem.prompts import load_prompts
 from cloud.config import CloudConfig
 from cloud.runtime.target import TargetRuntime
 from cloud.server import create_server
-from edge.client import EdgeClient, GenerationRequest
+from edge.client import EdgeClient
+from edge.request import GenerationRequest
 from edge.config import ClientConfig, EdgeConfig, resolve_paths
 from edge.control.policy import DraftPolicy, FixedK, make_policy
 from edge.drafting import DraftCursor, TokenChooser

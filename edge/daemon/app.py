@@ -186,7 +186,7 @@ def token_routes(pool: GenerationPool) -> APIRouter:
             except ValidationError as exc:  # e.g. an empty list: a 400, as for chat requests
                 raise BadRequest(f"messages: {exc.errors()[0]['msg']}",
                                      param="messages") from exc
-            ids = list((await run_in_threadpool(pool.jobs.chat_job, chat)).prompt_ids)
+            ids = list((await run_in_threadpool(pool.jobs.chat_job, chat)).request.prompt_ids)
         else:
             ids = await run_in_threadpool(pool.tokenizer.encode, req.prompt)
         return JSONResponse({"count": len(ids), "max_model_len": pool.jobs.context_limit,

@@ -18,6 +18,7 @@ from edge.daemon.chat_template import ChatTemplate, TemplateError, plain_chat_pr
 from edge.daemon.errors import BadRequest, ContextLengthExceeded, ModelNotFound
 from edge.daemon.openai_schema import (ChatCompletionRequest, ChatMessageIn, CompletionRequest,
                                        ModelCard, ModelList)
+from edge.request import OPTIONS, GenerationRequest
 from edge.tokenizer import EdgeTokenizer
 from tandem.sampling import SamplingParams
 
@@ -29,20 +30,11 @@ def chat_prompt(messages: Sequence[ChatMessageIn]) -> str:
 
 @dataclass(frozen=True)
 class GenerationJob:
-    """One validated generation: everything the worker needs, nothing HTTP."""
-    prompt_ids: tuple[int, ...]
-    max_tokens: int
-    sampling: SamplingParams
+    """One validated generation: the client's request, built once here (edge/request.py), and
+    what only the daemon's text output needs."""
+    request: GenerationRequest
     stop_strings: tuple[str, ...] = ()
-    draft_length: int | None = None   # None = the client config's
     trace: bool = False               # return the per-round trace in the stats
-    mode: str | None = None           # lossless | fast; None = the client config's
-    max_unverified_run: int | None = None
-    min_agreement: float | None = None   # fast mode's target; None = the client config's
-    ignore_eos: bool = False          # do not stop at the tokenizer's end of text
-    offline: str | None = None        # continue | wait | require_verified; None = client's
-    offline_wait_s: float | None = None
-    min_tokens_per_s: float | None = None  # speed floor under a priced verifier; None = client
 
 
 class JobFactory:
@@ -119,10 +111,8 @@ class JobFactory:
         # the verifier accepts.
         top_k = req.top_k if req.top_k < self.tokenizer.vocab_size else 0
         sampling = SamplingParams(temperature=req.temperature, top_k=top_k, top_p=req.top_p, seed=seed)
-        return GenerationJob(prompt_ids=tuple(ids), max_tokens=max_tokens, sampling=sampling,
-                             stop_strings=tuple(req.stop_strings), draft_length=req.draft_length,
-                             trace=req.tandem_trace, mode=req.mode,
-                             max_unverified_run=req.max_unverified_run, ignore_eos=req.ignore_eos,
-                             min_agreement=req.min_agreement,
-                             offline=req.offline, offline_wait_s=req.offline_wait_s,
-                             min_tokens_per_s=req.min_tokens_per_s)
+        # ignore_eos: generation does not stop at the tokenizer's end of text.
+        stop_ids = frozenset() if req.ignore_eos else self.tokenizer.stop_ids
+        request = GenerationRequest(prompt_ids=ids, max_tokens=max_tokens, sampling=sampling,
+                                    stop_ids=stop_ids, **req.model_dump(include=set(OPTIONS)))
+        return GenerationJob(request, stop_strings=tuple(req.stop_strings), trace=req.tandem_trace)

@@ -170,7 +170,7 @@ class TextStream:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._halt = threading.Event()
-        self.prompt_tokens = len(job.prompt_ids)
+        self.prompt_tokens = len(job.request.prompt_ids)
         self._future = submit(job, self._on_text, self._halt, arrived_s)
         # Runs after the worker's last on_text, and call_soon_threadsafe keeps their order.
         self._future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._queue.put_nowait, None))

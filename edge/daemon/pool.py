@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 
-from edge.client import EdgeClient, GenerationRequest
+from edge.client import EdgeClient
 from edge.config import ClientConfig, DaemonConfig
 from edge.daemon.errors import (ApiError, GenerationFailed, GenerationTimeout, QueueFull,
                                 ServiceUnavailable, VerifierError)
@@ -152,11 +152,11 @@ class GenerationPool:
 
     def _generate(self, client: EdgeClient, job: GenerationJob, on_text: OnText | None,
                   halt: threading.Event, arrived_s: float, queue_s: float) -> GenerationOutput:
-        stop_ids = frozenset() if job.ignore_eos else self.tokenizer.stop_ids
-        output = TextOutput(self.tokenizer, job.stop_strings, stop_ids,
+        request = job.request
+        output = TextOutput(self.tokenizer, job.stop_strings, request.stop_ids,
                             self.config.request_timeout_s, on_text, lambda: self.link_state,
                             arrived_s)
-        lossless = (job.mode or client.config.mode) != "fast"
+        lossless = (request.mode or client.config.mode) != "fast"
 
         def on_tokens(ids: list[int], verified: list[bool]) -> bool:
             """Returns False to end the generation (stop string, deadline); a cancelled request
@@ -165,13 +165,6 @@ class GenerationPool:
                 self._note_link(all(verified), rounds)
             return output.push(ids, verified)
 
-        request = GenerationRequest(prompt_ids=list(job.prompt_ids), max_tokens=job.max_tokens,
-                                    sampling=job.sampling, draft_length=job.draft_length,
-                                    mode=job.mode, max_unverified_run=job.max_unverified_run,
-                                    min_agreement=job.min_agreement,
-                                    stop_ids=stop_ids, offline=job.offline,
-                                    offline_wait_s=job.offline_wait_s,
-                                    min_tokens_per_s=job.min_tokens_per_s)
         rounds: list[RoundRecord] = []  # as they happen, for the link state
         try:
             result = client.generate(request, on_tokens, on_round=rounds.append, stop_event=halt)
@@ -202,7 +195,7 @@ class GenerationPool:
                         ", ".join(f"{cause} {n}" for cause, n in stats.unverified_by_cause.items())
                         or "unknown")
         return GenerationOutput(text="".join(emitted.text), token_ids=list(emitted.token_ids),
-                                finish_reason=finish, prompt_tokens=len(job.prompt_ids),
+                                finish_reason=finish, prompt_tokens=len(request.prompt_ids),
                                 completion_tokens=len(emitted.token_ids), stats=stats)
 
     def _on_link_status(self, status) -> None:

@@ -20,7 +20,8 @@ from verifier_harness import channel_to
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime, verifier)
 
-from edge.client import EdgeClient, GenerationRequest
+from edge.client import EdgeClient
+from edge.request import GenerationRequest
 from edge.link.errors import VerifierRefused
 from edge.config import DEFAULT_DRAFTER, ClientConfig, EntropySwitchConfig, FastModeConfig
 from edge.control.policy import DraftPolicy, Plan, RoundView

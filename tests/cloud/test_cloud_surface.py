@@ -17,7 +17,7 @@ from verifier_harness import channel_to, client_for, open_draft, start_verifier,
 from cloud.config import CloudConfig, ModelSettings, ServerSettings
 from cloud.metrics import VerifierMetrics
 from cloud.server import create_server
-from edge.client import GenerationRequest
+from edge.request import GenerationRequest
 from edge.config import CloudLinkConfig
 from edge.tokenizer import EdgeTokenizer
 from tandem import metrics as formulas

@@ -19,7 +19,7 @@ from cloud.config import BatchSettings, CloudConfig, LimitSettings, ModelSetting
 from cloud.engine import DraftRequest, Verifier, OpenRequest, RoundResult
 from cloud.price import INTERVAL_S, SMOOTHING_S, PassPrice
 from cloud.server import create_server
-from edge.client import GenerationRequest
+from edge.request import GenerationRequest
 from edge.control.policy import DraftPolicy, FixedK, Plan, RoundView
 from edge.link import VerifierLink
 from edge.link.wait import WaitRule

@@ -22,7 +22,8 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
 from sim.netem import ChannelProfile, ChannelProxy
 from cloud.config import BatchSettings, CloudConfig, ModelSettings, ServerSettings
 from cloud.server import create_server
-from edge.client import EdgeClient, GenerationRequest
+from edge.client import EdgeClient
+from edge.request import GenerationRequest
 from edge.config import ClientConfig, CloudLinkConfig, DaemonConfig, DeviceProfile, EdgeConfig
 from edge.daemon.server import DaemonThread, load_pool
 from edge.runtime import DraftConfig

@@ -13,7 +13,7 @@ from verifier_harness import edge_tokenizer, prompt_ids, target_runtime  # noqa:
 from cloud.config import BatchSettings, LimitSettings
 from cloud.engine import DraftRequest, GenerateRequest, OpenRequest, Verifier
 from cloud.token_cost import CLOUD, MIN_TOKENS, SPECULATE
-from edge.client import GenerationRequest
+from edge.request import GenerationRequest
 from edge.control.policy import DraftPolicy, FixedK, Plan, RoundView
 from tandem.sampling import SamplingParams
 from tandem.v1 import decoding_pb2 as pb

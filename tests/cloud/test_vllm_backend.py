@@ -31,7 +31,7 @@ from verifier_harness import channel_to, client_for, open_draft
 from vllm_harness import VllmVerifier, needs_vllm
 from verifier_harness import edge_tokenizer, prompt_ids, reference  # noqa: F401 (fixtures)
 
-from edge.client import GenerationRequest
+from edge.request import GenerationRequest
 from tandem.codec import quantize, to_proto
 from tandem.fingerprint import tokenizer_fingerprint
 from tandem.sampling import SamplingParams, warp

@@ -19,7 +19,7 @@ from verifier_harness import Reference, channel_to, client_for, open_draft
 from verifier_harness import edge_tokenizer, prompt_ids  # noqa: F401 (fixtures)
 from vllm_harness import ROOT, SERVE, VllmVerifier, needs_vllm
 
-from edge.client import GenerationRequest
+from edge.request import GenerationRequest
 
 pytestmark = [pytest.mark.e2e, needs_vllm]
 

@@ -20,7 +20,7 @@ import torch
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime, verifier)
 
-from edge.client import GenerationRequest
+from edge.request import GenerationRequest
 from edge.config import (CloudLinkConfig, ClientConfig, DaemonConfig, EdgeConfig,
                          EntropySwitchConfig, LadderModelConfig)
 from edge.daemon.server import DaemonThread, load_pool

@@ -15,7 +15,7 @@ from verifier_harness import channel_to, client_for, open_draft
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime, verifier)
 
-from edge.client import GenerationRequest
+from edge.request import GenerationRequest
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 

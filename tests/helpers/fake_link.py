@@ -271,7 +271,7 @@ def generation(script: list, policy, *, prompt: Sequence[int] = (1, 2, 3), max_t
     """A Generation (edge/generation.py) over a ScriptedLink and a counting draft; returns it
     and its link. The default config gives the verifier up at the first failed Open and goes on
     locally (offline: continue), probing again after 4 local tokens: no sleep anywhere."""
-    from edge.client import GenerationRequest
+    from edge.request import GenerationRequest
     from edge.config import ClientConfig
     from edge.generation import Generation
     config = config or ClientConfig(offline="continue", max_retries=0, offline_probe_tokens=4,

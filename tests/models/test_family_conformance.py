@@ -22,7 +22,7 @@ from verifier_harness import edge_tokenizer, prompt_ids  # noqa: F401 (fixtures)
 
 from cloud.runtime.serving_path import UnsupportedTarget
 from cloud.runtime.target import TargetRuntime
-from edge.client import GenerationRequest
+from edge.request import GenerationRequest
 from tandem.sampling import SamplingParams
 
 pytestmark = pytest.mark.e2e  # real verifier on a socket, real draft runtimes

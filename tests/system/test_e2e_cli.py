@@ -18,7 +18,7 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
                               target_runtime)
 
 from edge.cli import main
-from edge.client import GenerationRequest
+from edge.request import GenerationRequest
 from edge.link.errors import VerifierRefused
 from edge.config import CloudLinkConfig
 from edge.link import call_metadata, make_channel

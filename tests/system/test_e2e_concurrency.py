@@ -11,7 +11,8 @@ from verifier_harness import channel_to, client_for, open_draft, start_verifier
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime)
 
-from edge.client import EdgeClient, GenerationRequest
+from edge.client import EdgeClient
+from edge.request import GenerationRequest
 from edge.config import ClientConfig
 from edge.control.policy import DraftPolicy, Plan, RoundView
 from edge.record import RoundRecord

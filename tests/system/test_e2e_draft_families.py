@@ -19,7 +19,7 @@ from spm_tokenizer import MULTIBYTE_TEXT, save, train_bpe
 from verifier_harness import Reference, channel_to, client_for, start_verifier
 
 from cloud.runtime.target import TargetRuntime
-from edge.client import GenerationRequest
+from edge.request import GenerationRequest
 from edge.config import ClientConfig, CloudLinkConfig, DaemonConfig, EdgeConfig
 from edge.daemon.server import DaemonThread, load_pool
 from edge.runtime import DraftConfig

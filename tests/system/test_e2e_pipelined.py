@@ -18,7 +18,8 @@ from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F4
                               target_runtime, verifier)
 
 from sim.netem import ChannelProfile, ChannelProxy
-from edge.client import EdgeClient, GenerationRequest
+from edge.client import EdgeClient
+from edge.request import GenerationRequest
 from edge.config import ClientConfig, DeviceProfile
 from edge.control.adaptive import AdaptivePolicy
 from edge.control.policy import DraftPolicy, FixedK, Plan, RoundView

@@ -9,7 +9,7 @@ from verifier_harness import channel_to, client_for, open_draft, start_verifier
 from verifier_harness import (edge_tokenizer, prompt_ids, reference,  # noqa: F401 (fixtures)
                               target_runtime, verifier)
 
-from edge.client import GenerationRequest
+from edge.request import GenerationRequest
 from tandem.sampling import SamplingParams
 
 pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end

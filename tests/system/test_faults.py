@@ -36,7 +36,8 @@ from bench.processes import cloud_info, free_port
 from cloud.config import CloudConfig
 from cloud.server import create_server
 from edge.cli import main as edge_main
-from edge.client import EdgeClient, GenerationRequest
+from edge.client import EdgeClient
+from edge.request import GenerationRequest
 from edge.link.errors import VerifierMisconfigured, VerifierUnavailable
 from edge.config import ClientConfig, CloudLinkConfig
 from edge.link import make_channel
