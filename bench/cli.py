@@ -27,7 +27,7 @@ from pathlib import Path
 from bench.matrix.cli import add_parser as add_bench_parser
 from bench.capacity.cli import add_parser as add_capacity_parser
 from sim.cli import BENCH_VERBS
-from tandem.cli import add_version, run_parsed
+from tandem.cli import add_delegated, add_version, run_parsed
 from tandem.config import resolve_path
 
 # Benchmarks with their own argument parser (options and -h are theirs, prog "tandem VERB"):
@@ -123,10 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_capacity_parser(sub)
     for verb, module in OWN_PARSER_VERBS.items():
-        own = sub.add_parser(verb, add_help=False, help=f"{BENCH_VERBS[verb]} ({module}; "
-                                                        f"`tandem {verb} -h` for its options)")
-        own.add_argument("options", nargs=argparse.REMAINDER)
-        own.set_defaults(run=lambda args, verb=verb: _own_parser(verb, args.options))
+        add_delegated(sub, verb, f"{BENCH_VERBS[verb]} ({module}; `tandem {verb} -h` for its "
+                                 "options)", _own_parser)
     return parser
 
 

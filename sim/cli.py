@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from sim import loadgen
-from tandem.cli import add_version, run_parsed
+from tandem.cli import add_delegated, add_version, run_parsed
 from tandem.config import command_line, load_config
 
 DEFAULT_OUT = Path("out/sim")
@@ -111,9 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     delegated = {**{verb: f"{summary} ({module})" for verb, (module, summary) in OWN_PARSER_VERBS.items()},
                  **{verb: f"{summary} (bench/)" for verb, summary in BENCH_VERBS.items()}}
     for verb, summary in delegated.items():
-        own = sub.add_parser(verb, add_help=False, help=f"{summary}; `tandem {verb} -h`")
-        own.add_argument("options", nargs=argparse.REMAINDER)
-        own.set_defaults(run=lambda args, verb=verb: _delegate(verb, args.options))
+        add_delegated(sub, verb, f"{summary}; `tandem {verb} -h`", _delegate)
     return parser
 
 

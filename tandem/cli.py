@@ -47,6 +47,14 @@ def fail(prog: str, exc: BaseException, status: int = 2) -> int:
     return status
 
 
+def add_delegated(sub, verb: str, summary: str, run) -> None:
+    """A verb whose options and -h belong to another parser: `run(verb, options)` gets all that
+    follows it."""
+    own = sub.add_parser(verb, add_help=False, help=summary)
+    own.add_argument("options", nargs=argparse.REMAINDER)
+    own.set_defaults(run=lambda args: run(verb, args.options))
+
+
 def run_parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     """Parse `argv` and run the chosen verb's `run(args)`; a config or file error is one line."""
     from tandem.config import ConfigError  # pydantic: loaded once a verb runs, not for --help

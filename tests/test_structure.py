@@ -158,17 +158,21 @@ NAMED_ONCE = ("edge", "cloud", "sim", "bench", "tandem", "models")
 GENERATED = ("tandem/v1",)
 
 
-def class_twins(root: Path = ROOT) -> dict[str, list[str]]:
-    """Class names defined in more than one place, each with its places (path:line)."""
-    places: dict[str, list[str]] = {}
+def _nodes(root: Path, skip: tuple[str, ...]):
+    """(relative path, node) for every AST node of the project's own sources but `skip`."""
     for package in NAMED_ONCE:
         for file in sorted((root / package).rglob("*.py")):
             relative = file.relative_to(root).as_posix()
-            if relative.startswith(GENERATED):
-                continue
-            for node in ast.walk(ast.parse(file.read_text(), str(file))):
-                if isinstance(node, ast.ClassDef):
-                    places.setdefault(node.name, []).append(f"{relative}:{node.lineno}")
+            if not relative.startswith(skip):
+                yield from ((relative, node) for node in ast.walk(ast.parse(file.read_text(), str(file))))
+
+
+def class_twins(root: Path = ROOT) -> dict[str, list[str]]:
+    """Class names defined in more than one place, each with its places (path:line)."""
+    places: dict[str, list[str]] = {}
+    for relative, node in _nodes(root, GENERATED):
+        if isinstance(node, ast.ClassDef):
+            places.setdefault(node.name, []).append(f"{relative}:{node.lineno}")
     return {name: where for name, where in places.items() if len(where) > 1}
 
 
@@ -229,18 +233,10 @@ FUNCTION_EXEMPT = ("models/train", "tandem/v1")
 
 
 def long_functions(root: Path = ROOT) -> list[str]:
-    found = []
-    for package in NAMED_ONCE:
-        for file in sorted((root / package).rglob("*.py")):
-            relative = file.relative_to(root).as_posix()
-            if relative.startswith(FUNCTION_EXEMPT):
-                continue
-            for node in ast.walk(ast.parse(file.read_text(), str(file))):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    lines = node.end_lineno - node.lineno + 1
-                    if lines > MAX_FUNCTION_LINES:
-                        found.append(f"{relative}:{node.name} ({lines} lines)")
-    return found
+    return [f"{relative}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for relative, node in _nodes(root, FUNCTION_EXEMPT)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
 
 
 def test_no_function_over_80_lines():
