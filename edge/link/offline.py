@@ -91,7 +91,7 @@ class OfflineControl:
     def opened(self, link=None) -> None:
         """An Open succeeded; link (edge.link.VerifierLink) gives its round trip and the
         server's prefill time, the first RTT measurement of the generation."""
-        if link is not None and getattr(link, "open_rtt_s", None) is not None:
+        if link is not None and link.open_rtt_s is not None:
             # The network part only: the prefill is no per-round server time.
             self.rtt.observe(max(link.open_rtt_s - link.prefill_s, 0.0), 0, None)
         self.breaker.success()
