@@ -267,6 +267,8 @@ class _ScriptedLink:
 
     def __init__(self, failures: int) -> None:
         self.failures, self.opens = failures, 0
+        self.open_rtt_s: float | None = None  # a link's Open timing: none measured here
+        self.prefill_s = 0.0
 
     def open(self, context, late_s, cap_s=None):
         from edge.link.errors import LinkDown
