@@ -33,8 +33,9 @@ out and pay a larger share of each pass's fixed cost than cloud-run steps that a
 0.88 against 1.04). So once the verifier has measured what a committed token costs it in each
 mode (RoundView.token_ms: Verdict.speculate_token_ms and cloud_token_ms, the session's own
 where it has them, the verifier's where not; cloud/token_cost.py), the choice between the two
-weighs a cloud run at cost 1 and any speculation at their ratio r = speculate / cloud, and
-speculation is taken only where r < 1 (cheaper) or where no cloud run keeps to the floor. The
+weighs a cloud run (and a k = 0 round, a 1-token step too) at cost 1 and a drafted block at
+their ratio r = speculate / cloud, and speculation is taken only where r < 1 (cheaper) or where
+no cloud run keeps to the floor. The
 block length is still chosen by the position cost (the measured figures are of the blocks
 drafted so far, not of each k). Until both figures are said the position cost decides both.
 
@@ -150,8 +151,10 @@ def measured_ratio(token_ms: TokenMs) -> float | None:
 
 
 def measured(ratio: float) -> Cost:
-    """An option's cost, in cloud-run tokens, by the verifier's measured figures."""
-    return lambda option: 1.0 if option.kind == "cloud" else ratio
+    """An option's cost, in cloud-run tokens, by the verifier's measured figures: a drafted
+    block the ratio, a k = 0 round (the target's next token alone, a 1-token step like a cloud
+    run's) 1."""
+    return lambda option: ratio if option.kind == "speculate" and option.k > 0 else 1.0
 
 
 def priced(base: Score, price: float, jitter: float = 1.0,

@@ -92,3 +92,20 @@ def test_calibration_reproduces_the_unloaded_rows():
     assert k4.tau == pytest.approx(1 / 0.3)
     assert k8.z_s["p50"] == pytest.approx(k4.z_s["p50"] + 4 / 40.0)
     assert k8.tau == pytest.approx(1 + (3.67 - 1) * (1 / 0.3 - 1) / (2.94 - 1))
+
+
+def test_the_engine_is_what_verifier_bench_rounds_take_beyond_the_pass(tmp_path):
+    """verifier-bench's target-only rows (every session in every pass): round p50 less the
+    surface's pass at that B is the engine, here 3 ms a pass and 0.25 ms a session."""
+    import json
+
+    from bench.capacity.paper_inputs import engine_from_verifier_bench
+
+    surface = _affine()
+    rows = [{"backend": "torch-ar", "sessions": b,
+             "round_ms_p50": surface.pass_ms(b, 1, 280) + 3.0 + 0.25 * b} for b in (1, 16, 64)]
+    rows.append({"backend": "torch", "sessions": 64, "round_ms_p50": 1000.0})
+    path = tmp_path / "vb.json"
+    path.write_text(json.dumps({"rows": rows}))
+    engine = engine_from_verifier_bench(surface, path, Engine())
+    assert engine.pass_ms == pytest.approx(3.0) and engine.job_ms == pytest.approx(0.25)

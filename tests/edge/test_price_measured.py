@@ -75,12 +75,14 @@ def test_one_mode_unmeasured_leaves_the_position_cost_model():
 
 
 def test_the_measured_cost_of_each_option():
-    """A cloud run costs 1 cloud-run token a token, any speculation the measured ratio."""
+    """A cloud run costs 1 cloud-run token a token, a drafted block the measured ratio, a k = 0
+    round (no draft) 1."""
     assert measured_ratio((1.45, 1.16)) == pytest.approx(1.25)
     assert measured_ratio((None, 1.0)) is None and measured_ratio((1.0, None)) is None
     cost = measured(1.25)
     assert cost(Option("cloud", 16.0, 0.3, 16.0, n=16)) == 1.0
     assert cost(Option("speculate", 3.0, 0.2, 1.0, k=4)) == 1.25
+    assert cost(Option("speculate", 1.0, 0.02, 1.0, k=0)) == 1.0  # a 1-token step, as a cloud's
 
 
 def test_new_prompts_are_measured_less_while_speculation_reads_dearer():
