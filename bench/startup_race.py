@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.processes import ROOT, command, free_port, launch_in, wait_until
+from bench.processes import ROOT, command, free_port, launch_in, stop_process, wait_until
 from edge.daemon.responses import VERIFIED_FRACTION_HEADER
 from tandem.prompts import load_prompts
 
