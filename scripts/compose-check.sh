@@ -8,6 +8,10 @@
 # 2. The images of every service the stack starts, `docker build --network host`. The base is
 #    python:3.11-slim where it can be pulled, else tandem-base:bookworm from Debian packages
 #    (scripts/make-base-image.sh, made once) with TORCH_INDEX empty (torch from the wheels there).
+#    Each image's size and its COPY of the project go in the summary; the check fails, naming
+#    the folder, when an image holds a virtual environment, when the COPY holds much more than
+#    git tracks (.dockerignore missed something), or when an image is past its budget. The builds
+#    a new one took the tag from (dangling, one per commit checked) are removed.
 # 3. The reference: the same models as plain processes from .venv (tandem-cloud serve +
 #    tandem-edge serve on free loopback ports): 8 held-out prompts, greedy.
 # 4. `up -d` with TANDEM_API_KEY (default services plus the scaleout profile's, the channel then
@@ -23,7 +27,8 @@
 # wifi), TANDEM_CHECK_PROFILES (default scaleout; empty for the default services alone),
 # TANDEM_CLOUD_UPSTREAM (where the channel forwards), TANDEM_CHECK_VENV (default .venv, made by
 # scripts/bootstrap.sh when missing), TANDEM_CHECK_PROJECT (compose project, default
-# tandem-check), TANDEM_CHECK_HEALTH_TIMEOUT (600 s).
+# tandem-check), TANDEM_CHECK_HEALTH_TIMEOUT (600 s), TANDEM_CHECK_BUDGET (IMAGE=GB pairs, see
+# BUDGETS), TANDEM_CHECK_KEEP_OLD_IMAGES=1 (keep the builds that lost their tag).
 # Logs of every step: a folder under /tmp (outside the build context), named in the summary.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -149,6 +154,58 @@ wait_until() {
     fail "$what not ready within ${limit}s"
 }
 
+# Image budgets, GB (docker image inspect's Size), IMAGE=GB pairs. tandem:local measured 1.89 GB
+# on the debootstrap base: base 0.38 (0.18 of it the torch wheel copied in), torch 0.87, the other
+# wheels with llama.cpp 0.55, the checkout 0.08 (models 0.077). The budgets leave ~6% for
+# dependency updates; a context with a virtual environment in it (3+ GB) or a compiler left in
+# the image (0.4 GB) goes past. python:3.11-slim, where it can be pulled, is a smaller base.
+BUDGETS=${TANDEM_CHECK_BUDGET:-tandem:local=2.0 tandem-balancer:local=0.5}
+gb() { awk -v b="$1" 'BEGIN {printf "%.2f GB", b / 1e9}'; }
+mb() { awk -v b="$1" 'BEGIN {if (b < 1e6) printf "%.1f kB", b / 1e3; else printf "%.0f MB", b / 1e6}'; }
+
+# image_sizes IMAGE LOG: SIZES, "SIZE, COPY of the project C of a context X" for the summary. Fails,
+# naming the folder, when the image holds a virtual environment (a pyvenv.cfg anywhere), when its
+# COPY layers hold much more than git tracks, or when it is past its budget.
+image_sizes() {
+    local image=$1 log=$2 size own copy context venvs budget
+    size=$(docker image inspect -f '{{.Size}}' "$image")
+    # Its own layers (newest first, the base's below them): COPY/ADD ones are the project's files.
+    own=$(( $(docker history -q "$image" | wc -l) - $(docker history -q "$BASE" | wc -l) ))
+    copy=$(docker history --no-trunc --human=false --format '{{.Size}} {{.CreatedBy}}' "$image" \
+        | awk -v own="$own" '{n = $1; sub(/^[0-9]+ +(\/bin\/sh -c #\(nop\) +)?/, "")}
+                             (own <= 0 || NR <= own) && /^(COPY|ADD) / {s += n} END {print s + 0}')
+    context=$(grep -oE '(Sending build context to Docker daemon|transferring context:) +[0-9.]+ ?[kMG]?B' "$log" \
+        | awk 'END {print $NF}' || true)
+    venvs=$(docker run --rm --user 0 --network none --entrypoint find "$image" / -xdev -name pyvenv.cfg -printf '%h ') \
+        || fail "cannot look inside $image for virtual environments"
+    [[ -z $venvs ]] || fail "$image holds a virtual environment: ${venvs% } ($(gb "$size"), COPY of the project $(mb "$copy")): leave it out of the build context (.dockerignore)"
+    # The checkout is what git tracks (plus work not committed yet): a COPY well past it copied output.
+    if (( TRACKED > 0 && copy > TRACKED * 5 / 4 + 16000000 )); then
+        fail "$image: its COPY of the project is $(mb "$copy"), git tracks $(mb "$TRACKED"): .dockerignore misses what the build context sent (log $log)"
+    fi
+    budget=$(tr ' ' '\n' <<<"$BUDGETS" | awk -F= -v i="$image" '$1 == i {print $2}')
+    if [[ -n $budget ]] && awk -v s="$size" -v b="$budget" 'BEGIN {exit !(s > b * 1e9)}'; then
+        fail "$image is $(gb "$size"), past its budget of $budget GB (COPY $(mb "$copy"); TANDEM_CHECK_BUDGET)"
+    fi
+    SIZES="$(gb "$size")${budget:+ (budget $budget GB)}, COPY of the project $(mb "$copy")${context:+ of a $context context}"
+}
+
+# remove_old_builds IMAGE: the builds of IMAGE that a newer one took the tag from (one per commit
+# the check ran on, each holding its own layers; earlier runs' too): dangling images with IMAGE's
+# command and working folder, removed unless TANDEM_CHECK_KEEP_OLD_IMAGES=1 (one that a container
+# uses stays). OLD: what the summary says of them.
+remove_old_builds() {
+    OLD=
+    [[ ${TANDEM_CHECK_KEEP_OLD_IMAGES:-0} != 1 ]] || return 0
+    local format='{{json .Config.Cmd}} {{.Config.WorkingDir}}' sig id removed=0
+    sig=$(docker image inspect -f "$format" "$1")
+    for id in $(docker images -q --no-trunc --filter dangling=true); do
+        [[ $(docker image inspect -f "$format" "$id" 2>/dev/null) == "$sig" ]] || continue
+        docker rmi "$id" >/dev/null 2>&1 && removed=$((removed + 1))
+    done
+    (( removed == 0 )) || OLD=", $removed older build(s) removed"
+}
+
 step "images"
 BASE=${TANDEM_BASE_IMAGE:-}
 if [[ -z $BASE ]]; then
@@ -196,6 +253,7 @@ if grep -qx "service balancer" <<<"$PLAN"; then
     export TANDEM_CLOUD_UPSTREAM=${TANDEM_CLOUD_UPSTREAM:-balancer:50051}
 fi
 declare -A BUILT=()
+TRACKED=$(git ls-files -z 2>/dev/null | xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}') || true
 while read -r kind image context dockerfile args; do
     [[ $kind == build && -z ${BUILT[$image]:-} ]] || continue
     BUILT[$image]=1
@@ -212,8 +270,9 @@ while read -r kind image context dockerfile args; do
     steps=$(awk '/^Step [0-9]+\/[0-9]+ : / {if ($4 == "FROM") {from = 1; next}
                  if (from || $4 != "ARG") n++} /^#[0-9]+ \[/ {n++} END {print n + 0}' "$log")
     cached=$(grep -cE 'Using cache|CACHED' "$log" || true)
-    size=$(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.2f GB", $1 / 1e9}')
-    SUMMARY+=("$image $size built in $((SECONDS - start))s, $cached of $steps steps cached, base $BASE")
+    remove_old_builds "$image"
+    image_sizes "$image" "$log"
+    SUMMARY+=("$image $SIZES built in $((SECONDS - start))s, $cached of $steps steps cached, base $BASE$OLD")
 done <<<"$PLAN"
 
 step "reference: plain processes"
