@@ -22,7 +22,6 @@ same prompts, so their τ compare within one run; greedy sends no q and runs onc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -34,12 +33,14 @@ from cloud.config import BatchSettings, CloudConfig, ModelSettings, ServerSettin
 from cloud.runtime.target import TargetRuntime
 from cloud.server import create_server
 from edge.client import EdgeClient
-from edge.request import GenerationRequest
 from edge.config import ClientConfig, CloudLinkConfig
 from edge.link import make_channel
+from edge.request import GenerationRequest
 from edge.runtime import DraftConfig, MissingBackend, load_draft_runtime
 from edge.tokenizer import EdgeTokenizer
+from sim.writers import write_json
 from tandem import metrics
+from tandem.prompts import load_prompts
 from tandem.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +86,7 @@ class ReportRow:
                 / max(self.rounds, 1)}
 
 
-def summarize(backend: str, mode: str, results: list[GenerationResult],
+def report_row(backend: str, mode: str, results: list[GenerationResult],
               q_decode_s: float = 0.0) -> ReportRow:
     return ReportRow(backend=backend, mode=mode, prompts=len(results),
                tokens=sum(len(r.token_ids) for r in results),
@@ -104,11 +105,6 @@ def summarize(backend: str, mode: str, results: list[GenerationResult],
 def draft_config(backend: str, draft_dir: Path, threads: int) -> DraftConfig:
     path = draft_dir if backend == "torch" else draft_dir / MODEL_FILES[backend]
     return DraftConfig(backend=backend, model_path=path, tokenizer_dir=draft_dir, threads=threads)
-
-
-def load_prompts(tokenizer: EdgeTokenizer, n: int) -> list[list[int]]:
-    lines = PROMPTS.read_text().splitlines()[:n]
-    return [tokenizer.encode(json.loads(line)["prompt"]) for line in lines]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     family = DEV if args.dev else SHIPPED
     torch.set_num_threads(args.threads)
     tokenizer = EdgeTokenizer(family["draft"])
-    prompts = load_prompts(tokenizer, args.prompts)
+    prompts = [tokenizer.encode(text) for text in load_prompts(PROMPTS, args.prompts)]
     runtime = TargetRuntime(family["target"], device="cpu")
     server, port = create_server(CloudConfig(
         server=ServerSettings(host="127.0.0.1", port=0),
@@ -174,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                         results = [client.generate(GenerationRequest(ids, args.max_tokens,
                                                                      sampling=sampling(i)))
                                    for i, ids in enumerate(prompts)]
-                        rows.append(summarize(label, mode, results,
+                        rows.append(report_row(label, mode, results,
                                               server.engine.q_decode_s - decoded_before))
                         print_row(rows[-1], header=len(rows) == 1)
             finally:
@@ -187,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
           f"q entries <= {args.q_entries}, q codecs {' '.join(args.q_codecs)}, "
           f"models {'dev' if args.dev else 'shipped'}, {time.monotonic() - started:.0f} s)")
     if args.json:
-        args.json.write_text(json.dumps([{**asdict(row), **row.derived()} for row in rows],
-                                        indent=2))
+        write_json(args.json, [{**asdict(row), **row.derived()} for row in rows])
     return 0
 
 

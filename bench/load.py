@@ -232,7 +232,7 @@ async def drive(url: str, model: str, prompts: Sequence[str], *, duration_s: flo
     return list(results), time.monotonic() - t0
 
 
-def summarize(streams: list[StreamStats], wall_s: float, duration_s: float,
+def load_report(streams: list[StreamStats], wall_s: float, duration_s: float,
               batches_before, batches_after, rss: dict[str, float],
               verifier_cpu_s: float | None = None,
               jobs_per_verifier: dict[str, int] | None = None) -> LoadReport:
@@ -302,7 +302,7 @@ def run_load(*, streams: int, duration_s: float, max_tokens: int, temperature: f
         rss["load generator"] = peak_rss_mb(os.getpid()) or 0.0
     jobs = {name: n - before.jobs.get(name, 0) for name, n in after.jobs.items()} \
         if before is not None and after is not None else None
-    return summarize(results, wall_s, duration_s, before, after, rss, verifier_cpu_s,
+    return load_report(results, wall_s, duration_s, before, after, rss, verifier_cpu_s,
                      jobs), results
 
 

@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.report import format_table, summarize, write_json
+    from sim.report import format_table, run_summary, write_json
     from sim.workload import advertised_model, run_workload
     from tandem.prompts import load_prompts
 
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
                                        concurrency=args.concurrency, temperature=args.temperature,
                                        timeout_s=args.timeout, trace=False,
                                        api_key=args.api_key))
-    summary = summarize("run", records, time.monotonic() - t0)
+    summary = run_summary("run", records, time.monotonic() - t0)
     print(format_table([summary]))
     for record in records:
         if not record.ok:

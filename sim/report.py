@@ -39,7 +39,7 @@ class RunSummary:
     reopens: int
 
 
-def summarize(name: str, records: Sequence[RequestRecord], wall_s: float) -> RunSummary:
+def run_summary(name: str, records: Sequence[RequestRecord], wall_s: float) -> RunSummary:
     ok = [r for r in records if r.ok]
     stats = [r.tandem for r in ok if r.tandem]
     tokens = sum(r.completion_tokens for r in ok)

@@ -28,7 +28,7 @@ from edge.config import EdgeConfig, resolve_paths
 from edge.daemon.server import DaemonThread, load_pool
 from sim.config import SimConfig
 from sim.netem import ChannelProfile, ChannelProxy
-from sim.report import RunSummary, format_table, session_trace, summarize, write_json, write_plots
+from sim.report import RunSummary, format_table, session_trace, run_summary, write_json, write_plots
 from sim.workload import RequestRecord, run_workload
 from tandem.config import load_config, resolve_path
 from tandem.prompts import load_prompts
@@ -86,7 +86,7 @@ def run_sim(config: SimConfig, json_path: Path | None = None, plots_dir: Path | 
             bar.set_description(name)
             records, wall_s = _run_profile(config, profile, port, measured, lambda _: bar.update(1))
             result.records[name] = records
-            result.summaries.append(summarize(name, records, wall_s))
+            result.summaries.append(run_summary(name, records, wall_s))
     finally:
         bar.close()
         server.stop(0).wait(30)

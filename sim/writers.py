@@ -39,7 +39,7 @@ def finite(value):
     return value
 
 
-def write_json(path: Path, payload: dict, indent: int = 2) -> None:
+def write_json(path: Path, payload: dict | list, indent: int = 2) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(finite(payload), indent=indent, allow_nan=False) + "\n")
 

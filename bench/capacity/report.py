@@ -178,7 +178,7 @@ def cost_table(rows: Sequence[PointRow], baseline: str = "cloud-only") -> str:
 def rows_from_samples(path: Path, slo_ttft_s: float, tpot_slos: Sequence[float]) -> list[PointRow]:
     """Rows rebuilt from a --samples file (a run that stopped keeps its requests): the server's
     readings (passes, CPU) are not in it, and the window is the span of the requests' starts."""
-    from bench.capacity.stats import ServerReading, summarize
+    from bench.capacity.stats import ServerReading, point_row
     from bench.capacity.users import Sample
 
     groups: dict[tuple, list[Sample]] = {}
@@ -192,7 +192,7 @@ def rows_from_samples(path: Path, slo_ttft_s: float, tpot_slos: Sequence[float])
         starts = [s.started for s in samples]
         reading = ServerReading(window_s=max(starts) - min(starts) if len(starts) > 1 else 0.0,
                                 window_tokens=sum(s.tokens for s in samples))
-        rows.append(summarize(channel, device, config, users, samples, reading, slo_ttft_s,
+        rows.append(point_row(channel, device, config, users, samples, reading, slo_ttft_s,
                               tpot_slos[0], tpot_slos[1:]))
     return rows
 

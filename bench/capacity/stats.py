@@ -132,7 +132,7 @@ def bootstrap_share(flags: Sequence[bool], seed: int = 0) -> tuple[float, float]
     return shares[int(0.025 * RESAMPLES)], shares[int(0.975 * RESAMPLES) - 1]
 
 
-def summarize(channel: str, device: str, config: str, users: int, samples: Sequence[Sample],
+def point_row(channel: str, device: str, config: str, users: int, samples: Sequence[Sample],
               reading: ServerReading, slo_ttft_s: float, slo_tpot_s: float,
               extra_tpot_slos: Sequence[float]) -> PointRow:
     ok = [s for s in samples if s.ok]

@@ -30,7 +30,7 @@ from bench.capacity.replay import ReplayDraft, ReplayTable
 from bench.capacity.servers import (ServerGroup, cpu_seconds, machine_busy_seconds, pin_self,
                                     server_core_split, start_verifier, start_vllm)
 from bench.capacity.stats import (PointRow, ServerReading, TokenCostReading, clearly_misses,
-                                  summarize)
+                                  point_row)
 from bench.capacity.users import Sample, Window, run_openai_user, run_tandem_user
 from sim.netem import ChannelProfile
 from tandem.prompts import load_prompts
@@ -191,7 +191,7 @@ def run_point(options: CapacityOptions, bench: BenchConfig, shared: Shared, prof
             channel.close()
     measured = [s for s in samples if window.measure_from <= s.started < window.measure_until]
     reading = _reading(readings, counter.value, window_s, driver_cores, prices)
-    return summarize(profile.name, device.name, name, users, measured, reading, options.slo_ttft_s,
+    return point_row(profile.name, device.name, name, users, measured, reading, options.slo_ttft_s,
                      options.slo_tpot_s, options.extra_tpot_slos), measured
 
 

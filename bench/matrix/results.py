@@ -109,7 +109,7 @@ def local_speed(g: GenerationSummary) -> float:
     return _ratio(g.unverified, g.wall_s)
 
 
-def summarize(generations: Sequence[GenerationSummary], resamples: int = RESAMPLES,
+def bench_row(generations: Sequence[GenerationSummary], resamples: int = RESAMPLES,
               confidence: float = CONFIDENCE, seed: int = 0) -> BenchRow:
     g0 = generations[0]
     tokens = sum(g.tokens for g in generations)
@@ -150,4 +150,4 @@ def rows_of(generations: Iterable[GenerationSummary], resamples: int = RESAMPLES
     groups: dict[tuple[str, str, str], list[GenerationSummary]] = {}
     for g in generations:
         groups.setdefault((g.channel, g.device, g.config), []).append(g)
-    return [summarize(gs, resamples, confidence, seed) for gs in groups.values()]
+    return [bench_row(gs, resamples, confidence, seed) for gs in groups.values()]

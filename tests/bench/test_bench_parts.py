@@ -17,7 +17,7 @@ from bench.matrix.oracle import CloudOnly, OraclePolicy, match_runs
 from bench.matrix.goals import CELLS, DECISION_GOALS, EARLIER_GOALS, VERSUS, goals, overall
 from bench.matrix.units import Units
 from bench.matrix.report import format_goals, format_table
-from bench.matrix.results import ROW_FIELDS, GenerationSummary, agreement, rows_of, summarize
+from bench.matrix.results import ROW_FIELDS, GenerationSummary, agreement, rows_of, bench_row
 from bench.matrix.stats import Interval, bootstrap, bootstrap_ratio, verdict, versus_one
 from sim.netem import load_profile
 from edge.config import DeviceProfile
@@ -122,7 +122,7 @@ def test_rows_use_the_metric_formulas():
               bytes_up=100, bytes_down=50, joules=0.5, agreement=1.0),
           gen(tokens=20, wall_s=4.0, ttft_s=0.3, accepted=10, rounds=6, target_passes=6,
               bytes_up=200, bytes_down=100, joules=1.0, agreement=0.5)]
-    row = summarize(gs)
+    row = bench_row(gs)
     assert tuple(vars(row)) == ROW_FIELDS and (row.prompts, row.units) == (1, 1)
     assert row.tokens_per_s == pytest.approx((10 / 1.0 + 20 / 4.0) / 2)   # mean per request
     assert row.ttft_s == pytest.approx(0.2)
@@ -133,7 +133,7 @@ def test_rows_use_the_metric_formulas():
     assert row.joules_per_token == pytest.approx(1.5 / 30)
     assert row.agreement == pytest.approx(0.75)
     # edge-only: no verification round at all -> tau's defined empty case
-    assert summarize([gen(config="edge-only")]).tau == 1.0
+    assert bench_row([gen(config="edge-only")]).tau == 1.0
     assert [r.config for r in rows_of([gen("a"), gen("b"), gen("a")])] == ["a", "b"]
 
 

@@ -14,7 +14,7 @@ import torch
 
 from bench.matrix.oracle import target_greedy
 from bench.capacity.replay import ReplayDraft, ReplayTable
-from bench.capacity.stats import ServerReading, capacity_of, is_good, summarize
+from bench.capacity.stats import ServerReading, capacity_of, is_good, point_row
 from bench.capacity.users import Sample
 from cloud.runtime.target import TargetRuntime
 from edge.drafting import DraftCursor, TokenChooser
@@ -98,7 +98,7 @@ def test_a_point_counts_errors_as_not_good_and_reads_server_cost_per_token():
                _sample(2, 3.0, 4.0)]
     reading = ServerReading(window_s=10.0, window_tokens=40, batched_passes=10, verifier_cpu_s=2.0,
                             driver_cpu_s=9.5, driver_cores=1)
-    row = summarize("lte", "phone", "adaptive", 3, samples, reading, 1.0, 0.1, (0.05,))
+    row = point_row("lte", "phone", "adaptive", 3, samples, reading, 1.0, 0.1, (0.05,))
     assert row.good_share == 0.5 and row.errors == 1 and row.requests == 4
     assert row.good_share_by_tpot == {"0.1": 0.5, "0.05": 0.0}
     assert row.good_share_high_by_tpot["0.05"] == 0.0 and row.good_share_high_by_tpot["0.1"] > 0.5
@@ -110,7 +110,7 @@ def test_a_point_counts_errors_as_not_good_and_reads_server_cost_per_token():
 def _row(users, share):
     reading = ServerReading(window_s=1.0, window_tokens=1)
     samples = [_sample(0, 0.1, 0.5)] * round(share * 10) + [_sample(0, 2.0, 3.0)] * round((1 - share) * 10)
-    return summarize("c", "d", "x", users, samples, reading, 1.0, 0.1, ())
+    return point_row("c", "d", "x", users, samples, reading, 1.0, 0.1, ())
 
 
 def test_capacity_is_the_last_user_count_before_the_first_clear_miss():

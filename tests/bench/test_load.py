@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.load import drive, peak_rss_mb, spawn_system, summarize
+from bench.load import drive, peak_rss_mb, spawn_system, load_report
 from sim.workload import advertised_model
 from tandem.prompts import load_prompts
 from tandem.config import resolve_path
@@ -48,7 +48,7 @@ def test_sixteen_streams_without_crosstalk_and_with_bounded_memory(system):
         assert stream.texts == [alone], f"stream {stream.index} differs from its solo run"
 
     rss = {name: peak_rss_mb(pid) for name, pid in system.pids.items()}
-    report = summarize(results, wall_s, 60.0, None, None, rss)
+    report = load_report(results, wall_s, 60.0, None, None, rss)
     assert report.requests == STREAMS and report.errors == 0
     assert report.tokens == STREAMS * MAX_TOKENS
     assert report.ttft_ms_p50 is not None and report.ttft_ms_p50 <= report.ttft_ms_p99

@@ -16,7 +16,7 @@ import grpc
 import pytest
 import yaml
 
-from bench.load import server_table, summarize
+from bench.load import server_table, load_report
 from bench.nginx import NGINX, TEMPLATE, render
 from edge.config import CloudLinkConfig
 from edge.link.channel import (SESSION_HEADER, load_balancing, make_channel, names_several,
@@ -158,6 +158,6 @@ def test_compose_scaleout_profile_wires_two_replicas_behind_the_balancer():
 
 
 def test_load_comparison_table_prints():
-    report = summarize([], 1.0, 1.0, None, None, {})
+    report = load_report([], 1.0, 1.0, None, None, {})
     table = server_table(report, report)
     assert "| tandem |" in table and "| cloud-only (k = 0) |" in table

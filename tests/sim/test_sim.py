@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from sim.cli import main
-from sim.report import COLUMNS, format_table, summarize
+from sim.report import COLUMNS, format_table, run_summary
 from sim.workload import RequestRecord
 
 pytestmark = pytest.mark.e2e  # real verifier, daemon or processes end to end
@@ -83,7 +83,7 @@ def test_summary_formulas_on_synthetic_records():
 
     records = [record(0, 10, 1.0, 4, [3, 2, 0, 1], 10), record(1, 20, 4.0, 5, [4, 4, 4, 3, 0], 15),
                RequestRecord(index=2, ok=False, error="HTTP 503")]
-    summary = summarize("x", records, wall_s=4.0)
+    summary = run_summary("x", records, wall_s=4.0)
     assert summary.requests == 3 and summary.errors == 1 and summary.tokens == 30
     assert summary.verified_tokens_per_s == pytest.approx((10 / 1.0 + 15 / 4.0) / 2)
     assert summary.local_tokens_per_s == pytest.approx((0 / 1.0 + 5 / 4.0) / 2)
