@@ -23,7 +23,6 @@ the predictions with the run's own measured capacities on the run's sweep grid.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -32,6 +31,7 @@ from bench.capacity.paper import Engine, Model, Workload
 from bench.capacity.paper_inputs import (cells_of, engine_from_capacity,
                                          engine_from_verifier_bench, load_rows, options_for)
 from bench.passcost.surface import Surface
+from sim.writers import write_json
 
 DEFAULT_INPUTS = [Path("docs/capacity/capacity.json"), Path("docs/capacity/lte-phone-48-64.json")]
 COMMITTED_SURFACE = Path("docs/capacity/cpu-target-surface.json")  # that run's verifier's
@@ -113,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(validation_table(report["validation"]))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        write_json(args.json, report, indent=1)
         print(f"written: {args.json}")
     return 0
 

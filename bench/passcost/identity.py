@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from tandem.config import REPO_ROOT
+from sim.writers import write_json
 
 PROMPTS = REPO_ROOT / "models/prompts/heldout.jsonl"
 PROMPT_OFFSET = 32   # past the decided bench's and the capacity run's prompts
@@ -84,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"greedy identity on {runtime.device} ({args.dtype}): {sum(same)}/{len(prompts)} "
           f"held-out prompts x {args.tokens} tokens identical to transformers' generate")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result, indent=1)
     return 0 if all(same) else 1
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.passcost.surface import Surface
+from sim.writers import pyplot, save_figure
 
 def surface_table(surface: Surface) -> str:
     batches, tokens, contexts = surface.grid()
@@ -42,10 +43,7 @@ def surface_table(surface: Surface) -> str:
 def write_plot(surface: Surface, path: Path) -> Path:
     """Per context: pass ms against B (one line per tokens per session), and the position cost
     (c / step) against B."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     batches, tokens, contexts = surface.grid()
     fig, axes = plt.subplots(2, len(contexts), figsize=(5.5 * len(contexts), 7.5), squeeze=False)
     for col, context in enumerate(contexts):
@@ -69,7 +67,4 @@ def write_plot(surface: Surface, path: Path) -> Path:
         cost_ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"Verify pass cost: {surface.model} on {surface.device} ({surface.dtype})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)

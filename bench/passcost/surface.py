@@ -13,6 +13,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from sim.writers import write_json
 
 
 @dataclass
@@ -117,8 +118,7 @@ class Surface:
         return cls.from_json(json.loads(Path(path).read_text()))
 
     def write(self, json_path: Path, csv_path: Path | None = None) -> None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        write_json(json_path, self.to_json(), indent=1)
         if csv_path is not None:
             with csv_path.open("w", newline="") as out:
                 writer = csv.writer(out)
