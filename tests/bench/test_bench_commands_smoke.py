@@ -5,12 +5,12 @@ and checks what its report must hold; the full runs are in bench/README.md and
 docs/verifier-bench.md."""
 from __future__ import annotations
 
-import pytest
 import json
 
+import pytest
 import torch
 
-from bench import ladder, verifier
+from bench import ladder, verifier_bench
 
 pytestmark = pytest.mark.e2e  # module-level tier (pyproject.toml)
 
@@ -40,7 +40,7 @@ def test_ladder_smoke_checks_lossless_outputs_and_draws_the_fast_curve(tmp_path,
 
 def test_verifier_bench_smoke_checks_every_verdict_and_reports_goodput(tmp_path, capsys):
     report_path = tmp_path / "verifier.json"
-    assert verifier.main(["--sessions", "1,2", "--rounds", "2", "--k", "3", "--backends", "torch",
+    assert verifier_bench.main(["--sessions", "1,2", "--rounds", "2", "--k", "3", "--backends", "torch",
                           "--json", str(report_path)]) == 0
     report = json.loads(report_path.read_text())
     rows = report["rows"]
