@@ -254,7 +254,7 @@ def test_daemon_keeps_the_ladder_loaded_and_reports_the_verified_share(
     body = {"model": "tandem-draft", "prompt": heldout_prompts[0][-300:], "max_tokens": 24,
             "temperature": 0, "ignore_eos": True}
     with DaemonThread(load_pool(config)) as daemon:
-        assert set(daemon.engine._clients[0].cursors) == {DEFAULT_DRAFTER, "small"}
+        assert set(daemon.pool._clients[0].cursors) == {DEFAULT_DRAFTER, "small"}
         fast = httpx.post(f"{daemon.url}/v1/completions", timeout=120,
                           json={**body, "mode": "fast", "max_unverified_run": 4}).json()["tandem"]
         lossless = httpx.post(f"{daemon.url}/v1/completions", timeout=120, json=body).json()["tandem"]

@@ -19,7 +19,7 @@ class Stream:
 
     def __init__(self, channel: grpc.Channel, metadata=None) -> None:
         self._requests: queue.Queue = queue.Queue()
-        call = channel.stream_stream(SESSION_METHOD, requestserializer=serialize,
+        call = channel.stream_stream(SESSION_METHOD, request_serializer=serialize,
                                      response_deserializer=pb.ServerMessage.FromString)
         self.call = call(iter(self._requests.get, None), metadata=metadata, timeout=TIMEOUT)
 
