@@ -87,9 +87,9 @@ def test_rollback_then_re_extend_equals_fresh(runtime, contexts):
 
 def test_batched_ragged_forward_equals_each_session_alone(runtime, contexts):
     """Sessions with different past lengths (including an empty past) and different numbers of
-    new tokens, in one pass."""
+    new tokens, in one pass; its 1-token rows beside blocks (attended as their own layout)."""
     splits = [30, 1, 50, 0, 20]        # past length of each session before the batched pass
-    new_lengths = [10, 6, 13, 2, 1]    # new tokens each feeds in it
+    new_lengths = [10, 1, 13, 2, 1]    # new tokens each feeds in it
     alone, batched_states = [], []
     for context, past, n in zip(contexts, splits, new_lengths):
         state = runtime.new_state()
