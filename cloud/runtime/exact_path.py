@@ -31,9 +31,6 @@ class ExactState:
         """What the session table charges: the activations' KV-equivalent a pass rebuilds."""
         return self.length * self.bytes_per_token
 
-    def bind(self) -> None:
-        return None
-
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length}: the session holds {self.length} "

@@ -57,6 +57,12 @@ class SelfTest:
         return not self.error and self.max_logit_diff <= self.tolerance \
             and self.decisive_disagreements == 0
 
+    @classmethod
+    def not_run(cls, contexts: Sequence[int], error: str) -> SelfTest:
+        """The slot pass could not run (nothing was compared): why, in one line."""
+        return cls(contexts=list(contexts), rows=0, max_logit_diff=float("inf"), tolerance=0.0,
+                   argmax_agreement=0.0, error=error)
+
 
 @dataclass(frozen=True)
 class ServingPath:
@@ -112,9 +118,8 @@ def run_self_test(new_state: Callable, forward: Callable,
         first = forward(list(zip(states, contexts)))
         second = forward(list(zip(states, blocks)))
     except Exception as error:  # noqa: BLE001 - whatever the family raised, reported by name
-        return SelfTest(contexts=list(lengths), rows=0, max_logit_diff=float("inf"),
-                        tolerance=0.0, argmax_agreement=0.0,
-                        error=f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
+        return SelfTest.not_run(lengths, f"{type(error).__name__}: "
+                                         f"{str(error).splitlines()[0][:200]}")
     finally:
         for state in states:
             state.release()

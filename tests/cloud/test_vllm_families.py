@@ -8,18 +8,16 @@ family would cost the suite minutes. A head_dim vLLM's CPU attention has no kern
 in one line before the engine starts."""
 from __future__ import annotations
 
-import concurrent.futures
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from family_models import build_family
-from verifier_harness import Reference, channel_to, client_for, open_draft
+from verifier_harness import Reference, generate_concurrently, open_draft
 from verifier_harness import edge_tokenizer, prompt_ids  # noqa: F401 (fixtures)
 from vllm_harness import ROOT, SERVE, VllmVerifier, needs_vllm
 
-from edge.request import GenerationRequest
 
 pytestmark = [pytest.mark.e2e, needs_vllm]
 
@@ -46,11 +44,7 @@ def test_vllm_serves_the_family_exactly(family, families, prompt_ids, draft_dir,
     server = VllmVerifier(config)
     try:
         port = server.wait_ready()
-        with concurrent.futures.ThreadPoolExecutor(len(drafts)) as pool:
-            results = list(pool.map(
-                lambda job: client_for(channel_to(port), job[0]).generate(
-                    GenerationRequest(job[1], NEW_TOKENS, draft_length=job[2])),
-                zip(drafts, prompts, DRAFT_LENGTHS)))
+        results = generate_concurrently(port, drafts, prompts, DRAFT_LENGTHS, NEW_TOKENS)
     finally:
         server.stop()
         for draft in drafts:

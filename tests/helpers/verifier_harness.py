@@ -3,8 +3,10 @@ loopback socket, edge clients with real draft runtimes, and the reference the ou
 (transformers' greedy generate of the target alone)."""
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -18,6 +20,7 @@ from cloud.server import CloudServer, create_server
 from edge.client import EdgeClient
 from edge.config import ClientConfig, CloudLinkConfig
 from edge.link import make_channel
+from edge.request import GenerationRequest
 from edge.runtime import DraftConfig, DraftRuntime, load_draft_runtime
 from edge.tokenizer import EdgeTokenizer
 
@@ -59,6 +62,17 @@ def channel_to(port: int, link: CloudLinkConfig | None = None) -> grpc.Channel:
 
 def client_for(channel: grpc.Channel, draft: DraftRuntime, metadata=(), **config) -> EdgeClient:
     return EdgeClient(channel, draft, ClientConfig(**config), metadata=metadata)
+
+
+def generate_concurrently(port: int, drafts: Sequence[DraftRuntime], prompts: Sequence[list[int]],
+                          draft_lengths: Sequence[int], new_tokens: int) -> list:
+    """One edge client per draft, all at once against the verifier on `port`: their results."""
+    def one(job) -> object:
+        draft, prompt, k = job
+        return client_for(channel_to(port), draft).generate(
+            GenerationRequest(prompt, new_tokens, draft_length=k))
+    with concurrent.futures.ThreadPoolExecutor(len(drafts)) as pool:
+        return list(pool.map(one, zip(drafts, prompts, draft_lengths)))
 
 
 class Reference:

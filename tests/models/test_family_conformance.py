@@ -10,14 +10,14 @@ for a windowed family and a softcapped one, sampled output follows the target's 
 """
 from __future__ import annotations
 
-import concurrent.futures
 from pathlib import Path
 
 import pytest
 import torch
 from family_models import FURTHER, NAMED, build_family
 from sampling_law import chi_square_pvalue, joint_law
-from verifier_harness import Reference, channel_to, client_for, open_draft, start_verifier
+from verifier_harness import (Reference, channel_to, client_for, generate_concurrently, open_draft,
+                              start_verifier)
 from verifier_harness import edge_tokenizer, prompt_ids  # noqa: F401 (fixtures)
 
 from cloud.runtime.serving_path import UnsupportedTarget
@@ -102,11 +102,7 @@ def test_family_is_served_exactly_or_refused_by_name(family, families, drafts, l
     reference = Reference(runtime.model_dir)
     server, port = start_verifier(runtime)
     try:
-        with concurrent.futures.ThreadPoolExecutor(len(drafts)) as pool:
-            results = list(pool.map(
-                lambda job: client_for(channel_to(port), job[0]).generate(
-                    GenerationRequest(job[1], NEW_TOKENS, draft_length=job[2])),
-                zip(drafts, long_prompts, DRAFT_LENGTHS)))
+        results = generate_concurrently(port, drafts, long_prompts, DRAFT_LENGTHS, NEW_TOKENS)
     finally:
         server.stop(grace=0).wait()
     for ids, result in zip(long_prompts, results):
