@@ -13,7 +13,7 @@ import pytest
 from test_control import Draft, Link, adaptive
 from test_price_control import LTE, PHONE, cloudy, run, totals
 
-from edge.control.options import Option
+from edge.control.options import LOADED_PRICE, PRICED_RUN_S, Option
 from edge.control.pricing import measured, measured_ratio
 
 pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
@@ -47,6 +47,19 @@ def test_speculation_measured_dearer_leaves_it_to_the_cloud():
     assert cloudy(modelled[20:]) == 0
     assert cloudy(by_measure[20:]) >= 0.6 * 60, cloudy(by_measure[20:])
     assert totals(by_measure[20:])[0] > totals(modelled[20:])[0]  # and the user is faster
+
+
+def test_a_saturated_verifier_gets_long_cloud_runs():
+    """From LOADED_PRICE on, the cloud runs chosen stream at least PRICED_RUN_S (the session
+    stays in the verifier's lockstep batch); below it, as long as the link's latency asks."""
+    def run_lengths(price):
+        _, log = plans(LTE, PHONE, price, PHONE_DEARER, floor=10.0)
+        return [plan.cloud_generate for plan, _ in log[20:] if plan.cloud_generate]
+
+    loaded, light = run_lengths(LOADED_PRICE), run_lengths(LOADED_PRICE / 2)
+    assert loaded and light
+    assert min(loaded) >= PRICED_RUN_S / LTE.server_s - 1   # 2 s of the stream at its pace
+    assert max(light) < min(loaded)
 
 
 def test_speculation_measured_cheaper_keeps_speculating():
