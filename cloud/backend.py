@@ -85,6 +85,9 @@ class TargetBackend(abc.ABC):
     # What one more fed position adds to a batched pass, ms, measured at start (cloud/
     # pass_cost.py); None: this backend does not measure it (edges use their own estimate).
     position_ms: float | None = None
+    # What a pass costs before any session's share of it (its layers' launch, the head's
+    # setup), ms, measured at start with position_ms; None: not measured.
+    pass_fixed_ms: float | None = None
 
     @abc.abstractmethod
     def new_state(self, params: SamplingParams) -> BackendState:

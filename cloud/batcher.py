@@ -35,6 +35,7 @@ import torch
 from cloud.errors import Unavailable
 
 log = logging.getLogger(__name__)
+_here = threading.local()  # per thread: CPU ms of the passes it ran (passes_cpu_ms_here)
 
 # forward(batch) -> logits per job; batch[i] = (kv_state, new_tokens), result[i] = [n_i, vocab]
 ForwardFn = Callable[[Sequence[tuple[Any, Sequence[int]]]], Sequence[torch.Tensor]]
@@ -51,6 +52,8 @@ class ForwardResult:
     verdict: Any = None   # cloud.verify.Verdict when the pass's thread ran the round's test
     verify_ms: float = 0.0  # that batched test (shared by the pass's rounds)
     positions: int = 0      # tokens the pass fed, all its jobs together (0: not counted)
+    committed: int = 0      # tokens the pass commits, all its jobs together: a tested round
+                            # its accepted prefix and the bonus, any other job 1 (a step)
     cpu_ms: float | None = None  # CPU time of the pass's thread, forward pass and test (its
                                  # whole cost where torch runs on that one thread)
 
@@ -194,10 +197,13 @@ class Batcher:
                 verdicts = [exc] * len(batch)
             verify_ms = (time.perf_counter() - verify_started) * 1000.0
         cpu_ms = (time.thread_time() - cpu_started) * 1000.0
+        _here.ms = passes_cpu_ms_here() + cpu_ms
         self.batches_run += 1
         self.largest_batch = max(self.largest_batch, len(batch))
         self.size_counts[len(batch)] += 1  # read by Info (load reports); ints, no lock needed
         positions = sum(len(job.tokens) for job in batch)
+        committed = sum(1 if v is None or isinstance(v, Exception) else v.accepted + 1
+                        for v in verdicts)
         for i, job in enumerate(batch):
             if isinstance(verdicts[i], Exception):
                 job.future.set_exception(verdicts[i])
@@ -205,7 +211,14 @@ class Batcher:
             job.future.set_result(ForwardResult(
                 logits=outputs[i], queue_ms=(started - job.submitted) * 1000.0,
                 forward_ms=forward_ms, batch_size=len(batch), verdict=verdicts[i],
-                verify_ms=verify_ms, positions=positions, cpu_ms=cpu_ms))
+                verify_ms=verify_ms, positions=positions, cpu_ms=cpu_ms,
+                committed=committed))
+
+
+def passes_cpu_ms_here() -> float:
+    """CPU ms of the passes the calling thread has run itself (a lone session's, on its own
+    thread; the worker's): what a thread's CPU clock holds beside its own work."""
+    return getattr(_here, "ms", 0.0)
 
 
 def _prompt_passes(prompts: list[_Job]) -> list[list[_Job]]:

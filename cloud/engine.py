@@ -362,9 +362,17 @@ class Verifier:
     def _observe_tokens(self, session: Session, mode: str, result: ForwardResult,
                         positions: int, committed: int) -> None:
         """A job's share of its pass, charged to the tokens it committed in `mode`."""
-        share = job_share_ms(result, positions, self.runtime.position_ms, self._cpu_clock)
+        share = job_share_ms(result, positions, committed, self.runtime.position_ms,
+                             self.runtime.pass_fixed_ms, self._cpu_clock)
         self.token_costs.observe(mode, share, committed)
         session.token_costs.observe(mode, share, committed)
+
+    def charge_serving(self, session: Session, mode: str, ms: float) -> None:
+        """A reply's serving CPU (cloud/token_cost.py ServingClock), added to its mode where
+        passes are timed by the CPU clock (the same core does both)."""
+        if self._cpu_clock:
+            self.token_costs.observe(mode, ms, 0)
+            session.token_costs.observe(mode, ms, 0)
 
     def _log_end(self, session: Session, reason: str) -> None:
         # τ as everywhere else (tandem.metrics): 1 + accepted per round, the bonus counted.

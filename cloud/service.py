@@ -22,11 +22,12 @@ from cloud.engine_api import EvictedNotice
 from cloud.errors import CloudError, InvalidRequest, PreconditionFailed
 from cloud.inbox import Inbox, UndecodableMessage
 from cloud.sessions import Session
-from cloud.token_cost import said
+from cloud.token_cost import CLOUD, SPECULATE, ServingClock, said
 from tandem.v1 import decoding_pb2 as pb
 from tandem.v1 import decoding_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+SERVED_MODES = {"verdict": SPECULATE, "generated": CLOUD}  # a reply's kind -> its mode
 
 
 class DecodingServicer(pb_grpc.DecodingServicer):
@@ -49,6 +50,7 @@ class DecodingServicer(pb_grpc.DecodingServicer):
         # Runs when the RPC ends for any reason (client gone, cancelled, deadline, done).
         context.add_callback(stream.release)
         inbox = Inbox(request_iterator)
+        serving = ServingClock()
         try:
             while True:
                 if stream.opened:
@@ -60,8 +62,11 @@ class DecodingServicer(pb_grpc.DecodingServicer):
                 reply = stream.handle(message)
                 if isinstance(reply, pb.ServerMessage):
                     yield reply
+                    stream.charge_serving(reply, serving.lap())
                 elif reply is not None:  # a Generate streams its tokens
-                    yield from reply
+                    for item in reply:
+                        yield item
+                        stream.charge_serving(item, serving.lap())
         except CloudError as exc:
             stream.end(f"refused: {exc.code}")
             self.engine.metrics.observe_refusal(exc.code)
@@ -186,6 +191,13 @@ class _Stream:
             reply = convert.generated_message(message.round, item, self._price())
             self._token_costs(reply.generated)
             yield reply
+
+    def charge_serving(self, reply: pb.ServerMessage, ms: float) -> None:
+        """What serving `reply` cost (sent, the request before it read), charged to its mode;
+        an Opened's (a prompt's) to neither."""
+        mode = SERVED_MODES.get(reply.WhichOneof("kind"))
+        if mode is not None and self.session is not None:
+            self.engine.charge_serving(self.session, mode, ms)
 
     def _token_costs(self, reply: pb.Verdict | pb.Generated) -> None:
         """A priced session's reply says what a committed token costs per mode: its own

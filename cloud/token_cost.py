@@ -2,23 +2,37 @@
 (the proto's Verdict.speculate_token_ms / cloud_token_ms; a priced edge chooses between the two
 modes by them: edge/control/pricing.py).
 
-Each pass's time (forward pass and acceptance test) is shared among the jobs in it, by the
-same split that prices a position (cloud/pass_cost.py): with S jobs, P positions fed, T ms and
-c the runtime's measured cost of one more position,
+Each pass's time (forward pass and acceptance test) is shared among the jobs in it: with S
+jobs, P positions fed, C tokens committed, T ms, c the runtime's measured cost of one more
+position and F what a pass costs before any session's share of it (both measured at start:
+TargetRuntime.position_ms, pass_fixed_ms),
 
-    share_i = (T - c * (P - S)) / S + c * (p_i - 1)
+    share_i = F * C_i / C + (T - F - c * (P - S)) / S + c * (p_i - 1)
 
-every job pays an equal part of what the pass costs at one position each (the pass's fixed
-cost, each slot's K/V gather, its row) and c for each position beyond its first. The shares add
-up to T. A split by positions alone would charge a 5-position round 5x a 1-token step, though
-on one CPU core a position adds only 0.1-0.25 of one; an equal split would make a round's extra
-positions free. Without c (vLLM) the split is equal.
+the pass's fixed part is carried by the tokens it commits, each alike; every job pays an equal
+part of the rest at one position each (its slot's K/V gather, its row) and c for each position
+beyond its first. The shares add up to T. A split by positions alone would charge a 5-position
+round 5x a 1-token step, though on one CPU core a position adds only 0.1-0.25 of one; an equal
+split would make a round's extra positions free; F shared by jobs, not tokens, made a round
+that commits 4 tokens pay a quarter of a step's part of it per token, so speculation read ~40%
+cheaper than cloud runs per token where it cost the verifier as much (lte/phone, 64 users:
+0.53 against 0.86 ms, while adaptive's CPU per token was 1.14x cloud-only's). Without c (vLLM)
+the split is equal; without F (the exact path, where every session is a pass) F is 0.
 
 A pass's time is its wall time, or, where the target runs on the pass's own thread (torch on
 the CPU with one thread, as `tandem capacity` serves it: cpu_clock), that thread's CPU time: a
 verifier sharing its core with other work is descheduled in the middle of passes, and their
 wall time then counts the other work too (measured on this 2-core machine under others' load:
 2.2 ms a token by wall time against 1.2 ms of the verifier's CPU).
+
+Beside its passes a reply costs the verifier its serving: the stream's thread running the
+engine's bookkeeping, decoding a coded q, building and handing over the reply. Where the pass
+is timed by its thread's CPU (cpu_clock: the same core serves and passes), each reply's serving
+is added to its mode (ServingClock: the stream thread's CPU between its replies, less any pass
+it ran itself). Measured at 64 lte/phone users on one core: ~0.17 ms a cloud-run token, and
+the figures then come to 0.6-0.7 of the process's CPU per token; the rest (gRPC's own threads
+reading and writing the messages, the batcher's loop) is split per mode by nothing here. On a
+GPU the figures stay the passes' wall time (serving runs on other cores than the GPU's work).
 
 A mode's cost per committed token is the sum of its jobs' shares over the tokens they
 committed (a round: its accepted prefix, the bonus token and any unverified tokens it carried;
@@ -32,11 +46,10 @@ pay them alike. The totals never forget (benchmarks read them over a window: Inf
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from cloud.batcher import ForwardResult
+from cloud.batcher import ForwardResult, passes_cpu_ms_here
 
 SPECULATE, CLOUD = "speculate", "cloud"
 MODES = (SPECULATE, CLOUD)
@@ -46,20 +59,24 @@ SESSION_HALF_LIFE_TOKENS = 64.0     # a session's last few rounds or runs
 MIN_TOKENS = 16.0                   # committed tokens of a mode before its figure is said
 
 
-def job_share_ms(result: ForwardResult, positions: int, position_ms: float | None,
+def job_share_ms(result: ForwardResult, positions: int, committed: int,
+                 position_ms: float | None, fixed_ms: float | None = None,
                  cpu_clock: bool = False) -> float:
-    """One job's share of its pass (see the top): `positions` it fed, of result.positions.
-    cpu_clock: the pass's time is its thread's CPU time (where the backend measured it)."""
+    """One job's share of its pass (see the top): `positions` it fed, of result.positions,
+    `committed` tokens, of result.committed. cpu_clock: the pass's time is its thread's CPU
+    time (where the backend measured it)."""
     sessions = max(result.batch_size, 1)
     total = result.forward_ms + result.verify_ms
     if cpu_clock and result.cpu_ms is not None:
         total = result.cpu_ms
     if position_ms is None or result.positions < sessions:  # not counted (vLLM): equal split
         return total / sessions
-    step = (total - position_ms * (result.positions - sessions)) / sessions
-    if step <= 0.0:  # c measured above this pass's cost (noise): split by positions
+    fixed = min(fixed_ms or 0.0, total) if result.committed > 0 else 0.0
+    step = (total - fixed - position_ms * (result.positions - sessions)) / sessions
+    if step <= 0.0:  # c and F measured above this pass's cost (noise): split by positions
         return total * positions / result.positions
-    return step + position_ms * max(positions - 1, 0)
+    carried = fixed * committed / result.committed if fixed else 0.0
+    return carried + step + position_ms * max(positions - 1, 0)
 
 
 @dataclass
@@ -84,7 +101,8 @@ class TokenCosts:
         self.modes = {mode: ModeFigure() for mode in MODES}
 
     def observe(self, mode: str, share_ms: float, tokens: int) -> None:
-        """A job of `mode` that cost share_ms of its pass and committed `tokens`."""
+        """A job of `mode` that cost share_ms of its pass and committed `tokens` (0: a
+        reply's serving, its tokens counted with its pass)."""
         if tokens < 0 or not share_ms >= 0.0:
             return
         keep = self._keep ** tokens
@@ -108,6 +126,23 @@ class TokenCosts:
 
 
 FIELDS = {SPECULATE: "speculate_token_ms", CLOUD: "cloud_token_ms"}  # the proto's names
+
+
+class ServingClock:
+    """One stream thread's CPU between replies, less the passes it ran itself (see the top)."""
+
+    def __init__(self) -> None:
+        self._mark = self._now()
+
+    @staticmethod
+    def _now() -> float:
+        return time.thread_time() * 1000.0 - passes_cpu_ms_here()
+
+    def lap(self) -> float:
+        """CPU ms since the last lap (or the start)."""
+        now = self._now()
+        spent, self._mark = now - self._mark, now
+        return max(spent, 0.0)
 
 
 def cpu_clock(device: str) -> bool:

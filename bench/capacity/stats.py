@@ -106,7 +106,7 @@ class PointRow:
     # what the verifier measured a committed token cost its passes, ms (TokenCostReading)
     speculate_token_ms: float | None = None
     cloud_token_ms: float | None = None
-    pass_token_ms: float | None = None   # both modes together: beside verifier CPU per token
+    measured_token_ms: float | None = None  # both modes together: beside verifier CPU per token
     speculated_share: float | None = None  # of the verifier's tokens, committed by rounds
 
 
@@ -189,7 +189,7 @@ def point_row(channel: str, device: str, config: str, users: int, samples: Seque
         first_errors=[s.error for s in samples if s.error][:3],
         price=reading.price, position_cost=reading.position_cost,
         speculate_token_ms=reading.token_ms.speculate, cloud_token_ms=reading.token_ms.cloud,
-        pass_token_ms=reading.token_ms.both, speculated_share=reading.token_ms.speculate_share)
+        measured_token_ms=reading.token_ms.both, speculated_share=reading.token_ms.speculate_share)
 
 
 @dataclass

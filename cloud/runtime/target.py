@@ -202,18 +202,18 @@ class TargetRuntime:
         lengths = self_test_lengths(self.model.config, self.max_context)
         rope = length_dependent_rope(self.model.config)
         if rope:
-            return SelfTest(lengths, 0, float("inf"), 0.0, 0.0,
-                            error=f"rope type {rope!r} changes with the pass's longest position")
+            return SelfTest.not_run(lengths, f"rope type {rope!r} changes with the pass's "
+                                             "longest position")
+        outside = SelfTest.not_run(lengths, "its attention does not go through "
+                                            "AttentionInterface")
         if not self.model._can_set_attn_implementation():  # transformers' own test of it
-            return SelfTest(lengths, 0, float("inf"), 0.0, 0.0,
-                            error="its attention does not go through AttentionInterface")
+            return outside
         try:
             self.model.set_attn_implementation(slot_attention.register())
         except Exception as error:  # noqa: BLE001 - reported by name
-            return SelfTest(lengths, 0, float("inf"), 0.0, 0.0, error=_one_line(error))
+            return SelfTest.not_run(lengths, _one_line(error))
         if self.model.config._attn_implementation != slot_attention.NAME:
-            return SelfTest(lengths, 0, float("inf"), 0.0, 0.0,
-                            error="its attention does not go through AttentionInterface")
+            return outside
         test = run_self_test(lambda: KVState(self.pool), self._slot_forward,
                              self.reference_logits, self.vocab_size, lengths,
                              DTYPES[self.dtype])
@@ -236,32 +236,51 @@ class TargetRuntime:
     def rollback(self, state: KVState, length: int) -> None:
         state.rollback(length)
 
-    @functools.cached_property
+    @property
     def position_ms(self) -> float:
-        """What one more fed position adds to a batched pass, ms (cloud/pass_cost.py): passes of
-        POSITION_PROBE_SESSIONS sessions at POSITION_PROBE_CONTEXT positions feeding 1 and
-        1 + POSITION_PROBE_K tokens each, the medians' difference per extra position. Measured
-        on first use (the verifier's start), once; ~0.2 s for the shipped target on a CPU core."""
+        """What one more fed position adds to a batched pass, ms (cloud/pass_cost.py)."""
+        return self._pass_probe[0]
+
+    @property
+    def pass_fixed_ms(self) -> float | None:
+        """What a pass costs before any session's share of it, ms (cloud/token_cost.py); None
+        on the exact path (every session a pass of its own: nothing is shared)."""
+        return self._pass_probe[1]
+
+    @functools.cached_property
+    def _pass_probe(self) -> tuple[float, float | None]:
+        """(position_ms, pass_fixed_ms) from passes of POSITION_PROBE_SESSIONS sessions at
+        POSITION_PROBE_CONTEXT positions feeding 1 and 1 + POSITION_PROBE_K tokens each (the
+        medians' difference per extra position) and of one of them feeding 1 (a pass's cost
+        less one session's share: S * T(1) - T(S) over S - 1). Measured on first use (the
+        verifier's start), once; ~0.2 s for the shipped target on a CPU core."""
         # The exact path runs each session alone: one session shows its position cost.
         sessions = 1 if self.path.name == EXACT else POSITION_PROBE_SESSIONS
         states = [self.new_state() for _ in range(sessions)]
         passes = self.forward_passes
+        shapes = [(sessions, 1), (sessions, 1 + POSITION_PROBE_K)] + \
+            ([(1, 1)] if sessions > 1 else [])
         try:
             self.forward([(state, [PAD_TOKEN] * POSITION_PROBE_CONTEXT) for state in states])
-            times: dict[int, list[float]] = {1: [], 1 + POSITION_PROBE_K: []}
+            times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
             for _ in range(POSITION_PROBE_REPS):
-                for width, seen in times.items():
+                for (count, width), seen in times.items():
                     started = time.perf_counter()
-                    self.forward([(state, [PAD_TOKEN] * width) for state in states])
+                    self.forward([(state, [PAD_TOKEN] * width) for state in states[:count]])
                     seen.append(time.perf_counter() - started)
-                    for state in states:
+                    for state in states[:count]:
                         state.rollback(POSITION_PROBE_CONTEXT)
         finally:
             for state in states:
                 state.release()
             self.forward_passes = passes  # not the verifier's work
-        wide, narrow = (statistics.median(times[w]) for w in (1 + POSITION_PROBE_K, 1))
-        return max(wide - narrow, 0.0) * 1000.0 / (sessions * POSITION_PROBE_K)
+        ms = {shape: statistics.median(seen) * 1000.0 for shape, seen in times.items()}
+        narrow, wide = ms[(sessions, 1)], ms[(sessions, 1 + POSITION_PROBE_K)]
+        position_ms = max(wide - narrow, 0.0) / (sessions * POSITION_PROBE_K)
+        if sessions == 1:
+            return position_ms, None
+        fixed_ms = (sessions * ms[(1, 1)] - narrow) / (sessions - 1)
+        return position_ms, min(max(fixed_ms, 0.0), ms[(1, 1)])
 
     def _measure_bytes_per_token(self) -> int:
         """K/V bytes one position costs, measured with a one-token pass (also a warm-up): the

@@ -181,14 +181,17 @@ def test_the_pool_grows_without_changing_what_sessions_hold(target_dir, contexts
 
 
 def test_the_position_probe_measures_without_leaving_a_trace(runtime, contexts):
-    """position_ms (what one more fed position adds to a pass, cloud/pass_cost.py) is measured
-    once, is positive for a target on a CPU, and leaves the runtime as it was: no pass counted,
+    """position_ms (what one more fed position adds to a pass, cloud/pass_cost.py) and
+    pass_fixed_ms are measured once, are positive for a target on a CPU, and leave the runtime as it was: no pass counted,
     every probe slot free again, sessions' caches untouched."""
     state = runtime.new_state()
     before = runtime.score(state, contexts[0][:12])
     passes, free = runtime.forward_passes, len(runtime.pool._free)
     measured = runtime.position_ms
     assert measured > 0.0 and runtime.position_ms == measured  # measured once, then kept
+    # a pass's fixed part (what a pass costs before any session's share): positive, at most
+    # a one-session pass
+    assert 0.0 < runtime.pass_fixed_ms
     assert runtime.forward_passes == passes and len(runtime.pool._free) >= free
     state.rollback(11)
     again = runtime.score(state, contexts[0][11:12])

@@ -16,9 +16,11 @@ from cloud.token_cost import (CLOUD, MIN_TOKENS, SPECULATE, TokenCosts, job_shar
 pytestmark = pytest.mark.unit
 
 
-def _result(sessions: int, positions: int, forward_ms: float, verify_ms: float = 0.0):
+def _result(sessions: int, positions: int, forward_ms: float, verify_ms: float = 0.0,
+            committed: int = 0):
     return ForwardResult(logits=None, queue_ms=0.0, forward_ms=forward_ms,
-                         batch_size=sessions, verify_ms=verify_ms, positions=positions)
+                         batch_size=sessions, verify_ms=verify_ms, positions=positions,
+                         committed=committed)
 
 
 def test_a_pass_is_shared_by_its_fixed_part_and_each_jobs_extra_positions():
@@ -26,18 +28,35 @@ def test_a_pass_is_shared_by_its_fixed_part_and_each_jobs_extra_positions():
     an equal part of the pass at one position each, (10 - 0.25 * 12) / 4 = 1.75 ms, plus 0.25
     ms for each position beyond its first; the shares add up to the pass."""
     result = _result(4, 16, 9.0, verify_ms=1.0)
-    shares = [job_share_ms(result, p, 0.25) for p in (1, 1, 5, 9)]
+    shares = [job_share_ms(result, p, 1, 0.25) for p in (1, 1, 5, 9)]
     assert shares == pytest.approx([1.75, 1.75, 2.75, 3.75])
     assert sum(shares) == pytest.approx(10.0)
+
+
+def test_the_passs_fixed_part_is_carried_by_the_tokens_it_commits():
+    """The same pass with a fixed part F = 4 ms that commits 1 + 1 + 4 + 6 = 12 tokens: each
+    token carries F / 12, each job an equal part of the rest at one position, (10 - 4 - 3) / 4
+    = 0.75 ms, and 0.25 ms a position beyond its first. Split by jobs instead, the round that
+    commits 6 would pay F / 4 for them: a third of a step's F per token for what costs the pass
+    as much per token."""
+    result = _result(4, 16, 9.0, verify_ms=1.0, committed=12)
+    jobs = [(1, 1), (1, 1), (5, 4), (9, 6)]  # (positions fed, tokens committed)
+    shares = [job_share_ms(result, p, c, 0.25, fixed_ms=4.0) for p, c in jobs]
+    assert shares == pytest.approx([1 / 3 + 0.75, 1 / 3 + 0.75, 4 / 3 + 1.75, 2.0 + 2.75])
+    assert sum(shares) == pytest.approx(10.0)
+    per_token = [share / c for share, (_, c) in zip(shares, jobs)]
+    assert per_token[3] < per_token[0]  # the round's tokens still cheaper: 0.79 vs 1.08 ms
+    unknown = _result(4, 16, 9.0, verify_ms=1.0)  # committed not counted: no fixed part
+    assert job_share_ms(unknown, 1, 1, 0.25, fixed_ms=4.0) == pytest.approx(1.75)
 
 
 def test_without_a_position_cost_the_pass_is_split_equally():
     """vLLM (no position cost, positions not counted): each job pays T / S; a position cost
     the pass's time cannot hold (noise) splits it by positions."""
-    assert job_share_ms(_result(4, 0, 8.0), 5, None) == pytest.approx(2.0)
-    assert job_share_ms(_result(4, 16, 8.0), 5, None) == pytest.approx(2.0)
+    assert job_share_ms(_result(4, 0, 8.0), 5, 1, None) == pytest.approx(2.0)
+    assert job_share_ms(_result(4, 16, 8.0), 5, 1, None) == pytest.approx(2.0)
     noisy = _result(2, 10, 1.0)  # c = 0.5 ms x 8 extra positions > 1 ms
-    assert job_share_ms(noisy, 5, 0.5) == pytest.approx(0.5)
+    assert job_share_ms(noisy, 5, 1, 0.5) == pytest.approx(0.5)
 
 
 def test_on_one_cpu_thread_a_pass_costs_its_cpu_time():
@@ -45,11 +64,11 @@ def test_on_one_cpu_thread_a_pass_costs_its_cpu_time():
     shared with other work stretches the wall time, not that); elsewhere the wall time."""
     result = ForwardResult(logits=None, queue_ms=0.0, forward_ms=18.0, batch_size=4,
                            verify_ms=2.0, positions=4, cpu_ms=8.0)
-    assert job_share_ms(result, 1, 0.25, cpu_clock=True) == pytest.approx(2.0)
-    assert job_share_ms(result, 1, 0.25) == pytest.approx(5.0)
+    assert job_share_ms(result, 1, 1, 0.25, cpu_clock=True) == pytest.approx(2.0)
+    assert job_share_ms(result, 1, 1, 0.25) == pytest.approx(5.0)
     unmeasured = ForwardResult(logits=None, queue_ms=0.0, forward_ms=18.0, batch_size=4,
                                verify_ms=2.0, positions=4)
-    assert job_share_ms(unmeasured, 1, 0.25, cpu_clock=True) == pytest.approx(5.0)
+    assert job_share_ms(unmeasured, 1, 1, 0.25, cpu_clock=True) == pytest.approx(5.0)
 
 
 def test_a_modes_cost_per_committed_token():
