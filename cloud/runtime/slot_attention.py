@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -142,11 +143,11 @@ class SlotBatch:
         """past[b], new[b]: positions row b holds before the pass and tokens it feeds."""
         write_slots = torch.tensor([s for s, n in zip(slots, new) for _ in range(n)])
         write_positions = torch.tensor([p + j for p, n in zip(past, new) for j in range(n)])
-        starts = [sum(new[:b]) for b in range(len(new))]
         parts = [[b for b, n in enumerate(new) if n == 1], [b for b, n in enumerate(new) if n > 1]]
         if not all(parts):  # one kind of row: one layout, the packing itself
             layouts = [RowLayout.build(slots, past, new, None, device)]
         else:
+            starts = [0, *itertools.accumulate(new)]  # each row's first token in the packing
             layouts = [RowLayout.build([slots[b] for b in part], [past[b] for b in part],
                                        [new[b] for b in part],
                                        [starts[b] + j for b in part for j in range(new[b])],

@@ -185,7 +185,7 @@ class AdaptivePolicy(DraftPolicy):
             return spec, None
         new_text = self.generation_blocks < NEW_TEXT_BLOCKS
         if not worth_measuring(self.costs, spec, specs, cloud.rate, new_text):
-            return spec, self.cloud_option(view, settled=view.price == 0)  # options.py says why
+            return spec, self.cloud_option(view, settled=True)  # options.py says why
         # measure speculation: at once on a new prompt's text, else now and then (see the top)
         if new_text or self.cloud_rounds >= CLOUD_EXPLORE_ROUNDS and not measured_dearer(view):
             return drafting_block(spec, specs, score), None
