@@ -41,6 +41,7 @@ from tandem.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from cloud.batcher import Batcher
+    from cloud.token_cost import PassModel
 
 
 class BackendState(Protocol):
@@ -85,9 +86,9 @@ class TargetBackend(abc.ABC):
     # What one more fed position adds to a batched pass, ms, measured at start (cloud/
     # pass_cost.py); None: this backend does not measure it (edges use their own estimate).
     position_ms: float | None = None
-    # What a pass costs before any session's share of it (its layers' launch, the head's
-    # setup), ms, measured at start with position_ms; None: not measured.
-    pass_fixed_ms: float | None = None
+    # What a pass costs by its parts (cloud/token_cost.py), measured at start with
+    # position_ms; None: not measured (each pass is then shared equally).
+    pass_model: PassModel | None = None
 
     @abc.abstractmethod
     def new_state(self, params: SamplingParams) -> BackendState:

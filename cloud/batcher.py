@@ -52,10 +52,12 @@ class ForwardResult:
     verdict: Any = None   # cloud.verify.Verdict when the pass's thread ran the round's test
     verify_ms: float = 0.0  # that batched test (shared by the pass's rounds)
     positions: int = 0      # tokens the pass fed, all its jobs together (0: not counted)
-    committed: int = 0      # tokens the pass commits, all its jobs together: a tested round
-                            # its accepted prefix and the bonus, any other job 1 (a step)
     cpu_ms: float | None = None  # CPU time of the pass's thread, forward pass and test (its
                                  # whole cost where torch runs on that one thread)
+    ones: int = 0           # jobs in the pass feeding one position (the rest: drafted blocks)
+    weight: float = 1.0     # round passes since this job's session's previous job, at most
+                            # ROUND_GAP_CAP (cloud/token_cost.py: its part of the fixed cost)
+    weights: float = 0.0    # the pass's jobs' weights together (0: not counted)
 
 
 @dataclass
@@ -69,6 +71,9 @@ class _Job:
 
 
 _STOP = object()
+ROUND_GAP_CAP = 16  # the most passes one job's weight counts (cloud/token_cost.py): a session
+                    # back from a pause (its user's think time) is not charged for passes it
+                    # was not there for
 PROMPT_PASS_TOKENS = 2048  # the most prompt tokens one pass of prompts takes (its attention
                            # pads each to the longest of them)
 
@@ -93,6 +98,8 @@ class Batcher:
         self.batches_run = 0
         self.largest_batch = 0
         self.size_counts: collections.Counter[int] = collections.Counter()  # jobs per pass
+        self.round_passes = 0  # passes of rounds (not prompts) so far
+        self._last_pass: dict[int, int] = {}  # id(job.state) -> round_passes at its last job
         self._worker = threading.Thread(target=self._run, name="tandem-batcher", daemon=True)
         self._worker.start()
 
@@ -202,8 +209,8 @@ class Batcher:
         self.largest_batch = max(self.largest_batch, len(batch))
         self.size_counts[len(batch)] += 1  # read by Info (load reports); ints, no lock needed
         positions = sum(len(job.tokens) for job in batch)
-        committed = sum(1 if v is None or isinstance(v, Exception) else v.accepted + 1
-                        for v in verdicts)
+        ones = sum(len(job.tokens) == 1 for job in batch)
+        weights = self._weigh(batch)
         for i, job in enumerate(batch):
             if isinstance(verdicts[i], Exception):
                 job.future.set_exception(verdicts[i])
@@ -212,7 +219,26 @@ class Batcher:
                 logits=outputs[i], queue_ms=(started - job.submitted) * 1000.0,
                 forward_ms=forward_ms, batch_size=len(batch), verdict=verdicts[i],
                 verify_ms=verify_ms, positions=positions, cpu_ms=cpu_ms,
-                committed=committed))
+                ones=ones, weight=weights[i], weights=sum(weights)))
+
+    def _weigh(self, batch: list[_Job]) -> list[float]:
+        """Each job's round passes since its session's previous job (1 to ROUND_GAP_CAP; a
+        session's first: 1); a prompt pass counts none and weighs its jobs 1. Under the pass
+        lock."""
+        if batch[0].alone:
+            for job in batch:  # a session's first round counts from its prompt
+                self._last_pass[id(job.state)] = self.round_passes
+            return [1.0] * len(batch)
+        self.round_passes += 1
+        now, last = self.round_passes, self._last_pass
+        weights = [float(min(max(now - last.get(id(job.state), now - 1), 1), ROUND_GAP_CAP))
+                   for job in batch]
+        for job in batch:
+            last[id(job.state)] = now
+        if len(last) > 4 * max(self.max_batch, 64):  # sessions gone: forget them
+            for key in [k for k, seen in last.items() if now - seen > ROUND_GAP_CAP]:
+                del last[key]
+        return weights
 
 
 def passes_cpu_ms_here() -> float:

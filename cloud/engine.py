@@ -32,7 +32,8 @@ from cloud.price import PassPrice
 from cloud.runtime.target import TargetRuntime
 from cloud.runtime.torch_backend import TorchBackend
 from cloud.sessions import Session, SessionTable
-from cloud.token_cost import CLOUD, SPECULATE, TokenCosts, cpu_clock, job_share_ms
+from cloud.token_cost import (CLOUD, SPECULATE, PassModel, TokenCosts, cpu_clock,
+                               job_share_ms)
 from cloud.verify import RoundCheck, verify_round
 from tandem.codec import InvalidDistribution, SparseDist
 from tandem.metrics import tau
@@ -72,6 +73,7 @@ class Verifier:
         # each session keeps its own: Session.token_costs).
         self.token_costs = TokenCosts()
         self._cpu_clock = cpu_clock(runtime.device) and runtime.batcher is not None
+        self._pass_model = runtime.pass_model or PassModel(runtime.position_ms)
         self.metrics = VerifierMetrics(model=runtime.name)
         self.metrics.watch(sessions=lambda: self.table.active,
                            kv_bytes=lambda: self.table.used_bytes,
@@ -362,8 +364,7 @@ class Verifier:
     def _observe_tokens(self, session: Session, mode: str, result: ForwardResult,
                         positions: int, committed: int) -> None:
         """A job's share of its pass, charged to the tokens it committed in `mode`."""
-        share = job_share_ms(result, positions, committed, self.runtime.position_ms,
-                             self.runtime.pass_fixed_ms, self._cpu_clock)
+        share = job_share_ms(result, positions, self._pass_model, self._cpu_clock)
         self.token_costs.observe(mode, share, committed)
         session.token_costs.observe(mode, share, committed)
 

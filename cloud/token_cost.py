@@ -2,22 +2,28 @@
 (the proto's Verdict.speculate_token_ms / cloud_token_ms; a priced edge chooses between the two
 modes by them: edge/control/pricing.py).
 
-Each pass's time (forward pass and acceptance test) is shared among the jobs in it: with S
-jobs, P positions fed, C tokens committed, T ms, c the runtime's measured cost of one more
-position and F what a pass costs before any session's share of it (both measured at start:
-TargetRuntime.position_ms, pass_fixed_ms),
+Each pass's time T (forward pass and acceptance test) is shared among the jobs in it by what
+each adds to it, measured by the runtime at start (TargetRuntime.pass_model, a PassModel):
 
-    share_i = F * C_i / C + (T - F - c * (P - S)) / S + c * (p_i - 1)
+- the pass's fixed part F (its layers' launch, the head's setup) is paid by the sessions open
+  through it: each job carries F in proportion to the passes since its session's previous
+  job (ForwardResult.weight, at most the batcher's ROUND_GAP_CAP, of the pass's total
+  weight). A cloud-run step is in every pass and carries one part; a phone's round that
+  comes back after six passes (drafting, the round trip) carries six, as its session kept
+  its place for them;
+- every job pays an equal part of the rest at one position each (its slot's K/V gather, its
+  row) and c for each position beyond its first;
+- where 1-token rows and drafted blocks share a pass, the blocks attend as a layout of their
+  own (cloud/runtime/slot_attention.py): the blocks share that layout's own fixed part Fb
+  (equally), and a position beyond a job's first costs cb, what one adds to a block there.
 
-the pass's fixed part is carried by the tokens it commits, each alike; every job pays an equal
-part of the rest at one position each (its slot's K/V gather, its row) and c for each position
-beyond its first. The shares add up to T. A split by positions alone would charge a 5-position
-round 5x a 1-token step, though on one CPU core a position adds only 0.1-0.25 of one; an equal
-split would make a round's extra positions free; F shared by jobs, not tokens, made a round
-that commits 4 tokens pay a quarter of a step's part of it per token, so speculation read ~40%
-cheaper than cloud runs per token where it cost the verifier as much (lte/phone, 64 users:
-0.53 against 0.86 ms, while adaptive's CPU per token was 1.14x cloud-only's). Without c (vLLM)
-the split is equal; without F (the exact path, where every session is a pass) F is 0.
+The shares add up to T. Measured on this CPU with the shipped target at 300-token contexts: a
+pass of 48 one-token rows 33.8 ms, with one block of 6 beside them 36.1, with 4 blocks of 6
+40.5 (Fb 1.5-2.4 ms, cb 0.13-0.2). Before Fb and F were priced so (F by committed tokens, and
+then not at all: the torch backend never passed F on), a phone's rounds read 0.57 ms a token
+against 0.84 for cloud runs at 64 lte/phone users, while speculating all the time (fixed k = 4)
+cost the verifier as much CPU per token as cloud-only did. Without c (vLLM) the split is
+equal; without F (the exact path, where every session is a pass) F is 0.
 
 A pass's time is its wall time, or, where the target runs on the pass's own thread (torch on
 the CPU with one thread, as `tandem capacity` serves it: cpu_clock), that thread's CPU time: a
@@ -29,10 +35,10 @@ Beside its passes a reply costs the verifier its serving: the stream's thread ru
 engine's bookkeeping, decoding a coded q, building and handing over the reply. Where the pass
 is timed by its thread's CPU (cpu_clock: the same core serves and passes), each reply's serving
 is added to its mode (ServingClock: the stream thread's CPU between its replies, less any pass
-it ran itself). Measured at 64 lte/phone users on one core: ~0.17 ms a cloud-run token, and
-the figures then come to 0.6-0.7 of the process's CPU per token; the rest (gRPC's own threads
-reading and writing the messages, the batcher's loop) is split per mode by nothing here. On a
-GPU the figures stay the passes' wall time (serving runs on other cores than the GPU's work).
+it ran itself). Measured at 64 lte/phone users on one core (each thread's CPU): ~0.16 ms a
+cloud-run token, ~0.05 a speculated one. The rest of the process's CPU is the prompts' passes
+(~0.3 ms a token of 48-token responses, both modes alike), gRPC's polling thread (~0.02) and
+the batcher's loop around its passes (~0.01): split per mode by nothing here. On a GPU the figures stay the passes' wall time (serving runs on other cores than the GPU's work).
 
 A mode's cost per committed token is the sum of its jobs' shares over the tokens they
 committed (a round: its accepted prefix, the bonus token and any unverified tokens it carried;
@@ -59,24 +65,39 @@ SESSION_HALF_LIFE_TOKENS = 64.0     # a session's last few rounds or runs
 MIN_TOKENS = 16.0                   # committed tokens of a mode before its figure is said
 
 
-def job_share_ms(result: ForwardResult, positions: int, committed: int,
-                 position_ms: float | None, fixed_ms: float | None = None,
+@dataclass(frozen=True)
+class PassModel:
+    """What a batched pass costs by its parts, ms (measured at start: TargetRuntime.pass_model);
+    None: not measured."""
+    position_ms: float | None = None        # c: one more position fed, any job
+    fixed_ms: float | None = None           # F: the pass before any session's share
+    block_fixed_ms: float | None = None     # Fb: drafted blocks beside 1-token rows, their
+                                            # own layout's fixed part
+    block_position_ms: float | None = None  # cb: a position of such a block
+
+
+def job_share_ms(result: ForwardResult, positions: int, model: PassModel,
                  cpu_clock: bool = False) -> float:
-    """One job's share of its pass (see the top): `positions` it fed, of result.positions,
-    `committed` tokens, of result.committed. cpu_clock: the pass's time is its thread's CPU
-    time (where the backend measured it)."""
+    """One job's share of its pass (see the top): `positions` it fed, of result.positions.
+    cpu_clock: the pass's time is its thread's CPU time (where the backend measured it)."""
     sessions = max(result.batch_size, 1)
     total = result.forward_ms + result.verify_ms
     if cpu_clock and result.cpu_ms is not None:
         total = result.cpu_ms
-    if position_ms is None or result.positions < sessions:  # not counted (vLLM): equal split
+    c = model.position_ms
+    if c is None or result.positions < sessions:  # not counted (vLLM): equal split
         return total / sessions
-    fixed = min(fixed_ms or 0.0, total) if result.committed > 0 else 0.0
-    step = (total - fixed - position_ms * (result.positions - sessions)) / sessions
-    if step <= 0.0:  # c and F measured above this pass's cost (noise): split by positions
+    fixed = min(model.fixed_ms or 0.0, total)
+    carried = fixed * result.weight / result.weights if result.weights > 0 else fixed / sessions
+    blocks = sessions - result.ones
+    layout = 0.0
+    if 0 < result.ones < sessions and model.block_fixed_ms is not None:
+        layout, c = model.block_fixed_ms, model.block_position_ms
+    step = (total - fixed - layout - c * (result.positions - sessions)) / sessions
+    if step <= 0.0:  # the model measured above this pass's cost (noise): split by positions
         return total * positions / result.positions
-    carried = fixed * committed / result.committed if fixed else 0.0
-    return carried + step + position_ms * max(positions - 1, 0)
+    own = layout / blocks if positions > 1 else 0.0
+    return carried + step + own + c * max(positions - 1, 0)
 
 
 @dataclass

@@ -146,7 +146,7 @@ def paired_probe(runtime, rounds: int, reps: int = 5) -> list[tuple[float, float
     so taken here through its function) and the same c read off this timer's passes (8
     sessions, 1 and 9 tokens each, ending at position 73), one after the other `rounds`
     times: the same load on both, so their spreads say whether they agree. (probe, timer) ms."""
-    measure = type(runtime).position_ms.func
+    measure = type(runtime).pass_model.func  # measured afresh each time
     timer = PassTimer(runtime, kv_room=0)
     context = PROBE_PAST + 1 + PROBE_K
     states = [runtime.new_state() for _ in range(PROBE_SESSIONS)]
@@ -154,7 +154,7 @@ def paired_probe(runtime, rounds: int, reps: int = 5) -> list[tuple[float, float
     try:
         timer.fill(states, context - 1, 1024)
         for _ in range(rounds):
-            probe = measure(runtime)
+            probe = measure(runtime).position_ms
             narrow, wide = timer.cell(states, [1, 1 + PROBE_K], context, reps)
             pairs.append((probe, max(wide.ms - narrow.ms, 0.0) / (PROBE_SESSIONS * PROBE_K)))
     finally:

@@ -34,6 +34,7 @@ from cloud.runtime.serving_path import (AUTO, EXACT, PATHS, SLOTS, SelfTest, Ser
                                         UnsupportedTarget, length_dependent_rope,
                                         run_self_test, self_test_lengths)
 from cloud.runtime.slot_attention import SlotBatch
+from cloud.token_cost import PassModel
 from tandem.fingerprint import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ PAD_TOKEN = 0  # any valid id: what the warm-up and the position probe feed
 POSITION_PROBE_SESSIONS = 8
 POSITION_PROBE_CONTEXT = 64
 POSITION_PROBE_K = 8
-POSITION_PROBE_REPS = 5
+POSITION_PROBE_REPS = 7
 
 
 def resolve_device(device: str) -> torch.device:
@@ -239,48 +240,59 @@ class TargetRuntime:
     @property
     def position_ms(self) -> float:
         """What one more fed position adds to a batched pass, ms (cloud/pass_cost.py)."""
-        return self._pass_probe[0]
-
-    @property
-    def pass_fixed_ms(self) -> float | None:
-        """What a pass costs before any session's share of it, ms (cloud/token_cost.py); None
-        on the exact path (every session a pass of its own: nothing is shared)."""
-        return self._pass_probe[1]
+        return self.pass_model.position_ms
 
     @functools.cached_property
-    def _pass_probe(self) -> tuple[float, float | None]:
-        """(position_ms, pass_fixed_ms) from passes of POSITION_PROBE_SESSIONS sessions at
-        POSITION_PROBE_CONTEXT positions feeding 1 and 1 + POSITION_PROBE_K tokens each (the
-        medians' difference per extra position) and of one of them feeding 1 (a pass's cost
-        less one session's share: S * T(1) - T(S) over S - 1). Measured on first use (the
-        verifier's start), once; ~0.2 s for the shipped target on a CPU core."""
+    def pass_model(self) -> PassModel:
+        """What a pass costs by its parts (cloud/token_cost.py), measured on first use (the
+        verifier's start), once: passes of POSITION_PROBE_SESSIONS sessions at
+        POSITION_PROBE_CONTEXT positions feeding 1 and 1 + POSITION_PROBE_K tokens each (c:
+        the medians' difference per extra position), one of them feeding 1 (F: a pass's cost
+        less one session's share, S * T(1) - T(S) over S - 1), and the S one-token rows with a
+        block of 1 + POSITION_PROBE_K or of 3 beside them (cb: their difference per position;
+        Fb: what the block of 3 adds less a job's step, (T(S) - F) / S, and 2 cb). ~0.4 s for
+        the shipped target on a CPU core.
+        The exact path (every session a pass of its own, nothing shared) measures c alone."""
         # The exact path runs each session alone: one session shows its position cost.
         sessions = 1 if self.path.name == EXACT else POSITION_PROBE_SESSIONS
-        states = [self.new_state() for _ in range(sessions)]
+        wide, short = [PAD_TOKEN] * (1 + POSITION_PROBE_K), [PAD_TOKEN] * 3
+        shapes = {"narrow": [[PAD_TOKEN]] * sessions, "wide": [wide] * sessions}
+        if sessions > 1:
+            shapes.update(one=[[PAD_TOKEN]], beside_wide=[[PAD_TOKEN]] * sessions + [wide],
+                          beside_short=[[PAD_TOKEN]] * sessions + [short])
+        ms = self._time_passes(shapes, max(len(feeds) for feeds in shapes.values()))
+        narrow = ms["narrow"]
+        position_ms = max(ms["wide"] - narrow, 0.0) / (sessions * POSITION_PROBE_K)
+        if sessions == 1:
+            return PassModel(position_ms)
+        fixed_ms = min(max((sessions * ms["one"] - narrow) / (sessions - 1), 0.0), ms["one"])
+        block_position_ms = max(ms["beside_wide"] - ms["beside_short"], 0.0) / \
+            (POSITION_PROBE_K + 1 - 3)
+        step = (narrow - fixed_ms) / sessions  # one more job at one position
+        block_fixed_ms = max(ms["beside_short"] - narrow - step - 2 * block_position_ms, 0.0)
+        return PassModel(position_ms, fixed_ms, block_fixed_ms, block_position_ms)
+
+    def _time_passes(self, shapes: dict[str, list[list[int]]], count: int) -> dict[str, float]:
+        """Median ms of passes of each shape (a list of the tokens each session feeds) over
+        `count` sessions of POSITION_PROBE_CONTEXT positions, interleaved, POSITION_PROBE_REPS
+        times; not counted as the verifier's passes."""
+        states = [self.new_state() for _ in range(count)]
         passes = self.forward_passes
-        shapes = [(sessions, 1), (sessions, 1 + POSITION_PROBE_K)] + \
-            ([(1, 1)] if sessions > 1 else [])
         try:
             self.forward([(state, [PAD_TOKEN] * POSITION_PROBE_CONTEXT) for state in states])
-            times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+            times: dict[str, list[float]] = {name: [] for name in shapes}
             for _ in range(POSITION_PROBE_REPS):
-                for (count, width), seen in times.items():
+                for name, feeds in shapes.items():
                     started = time.perf_counter()
-                    self.forward([(state, [PAD_TOKEN] * width) for state in states[:count]])
-                    seen.append(time.perf_counter() - started)
-                    for state in states[:count]:
+                    self.forward(list(zip(states, feeds)))
+                    times[name].append(time.perf_counter() - started)
+                    for state in states[:len(feeds)]:
                         state.rollback(POSITION_PROBE_CONTEXT)
         finally:
             for state in states:
                 state.release()
             self.forward_passes = passes  # not the verifier's work
-        ms = {shape: statistics.median(seen) * 1000.0 for shape, seen in times.items()}
-        narrow, wide = ms[(sessions, 1)], ms[(sessions, 1 + POSITION_PROBE_K)]
-        position_ms = max(wide - narrow, 0.0) / (sessions * POSITION_PROBE_K)
-        if sessions == 1:
-            return position_ms, None
-        fixed_ms = (sessions * ms[(1, 1)] - narrow) / (sessions - 1)
-        return position_ms, min(max(fixed_ms, 0.0), ms[(1, 1)])
+        return {name: statistics.median(seen) * 1000.0 for name, seen in times.items()}
 
     def _measure_bytes_per_token(self) -> int:
         """K/V bytes one position costs, measured with a one-token pass (also a warm-up): the

@@ -32,6 +32,7 @@ class TorchBackend(TargetBackend):
         self.device = str(runtime.device)
         self.dtype = runtime.dtype
         self.position_ms = runtime.position_ms
+        self.pass_model = runtime.pass_model
         self.batcher = Batcher(runtime.forward, max_batch=batch.max_batch,
                                window_ms=batch.window_ms, active_sessions=active_sessions,
                                verify=verify_rounds)

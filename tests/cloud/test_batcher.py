@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from cloud.batcher import Batcher
+from cloud.batcher import ROUND_GAP_CAP, Batcher
 from cloud.errors import Unavailable
 from cloud.runtime.target import TargetRuntime
 from verifier_harness import TEST_DEVICE
@@ -114,3 +114,27 @@ def test_a_failed_pass_reaches_every_job_in_it(runtime):
     batcher.close()
     with pytest.raises(Unavailable):
         batcher.submit(runtime.new_state(), [1])
+
+
+def test_a_jobs_weight_counts_the_round_passes_since_its_sessions_last(runtime):
+    """ForwardResult.weight (cloud/token_cost.py: a job's part of a pass's fixed cost): 1 for a
+    session in every pass and for a session's first job; a session back after n round passes
+    weighs n, at most ROUND_GAP_CAP; a prompt's pass counts none, and a session's first round
+    counts from its prompt. One session at a time, so each job is a pass of its own."""
+    batcher = Batcher(runtime.forward, max_batch=8, window_ms=0, active_sessions=lambda: 1)
+    a, b, c = (_prefilled(runtime, [1, 2]) for _ in range(3))
+
+    def weight(state, tokens=(5,), alone=False) -> float:
+        result = batcher.submit(state, list(tokens), alone=alone).result(timeout=30)
+        state.rollback(state.length - len(tokens))
+        assert result.weights == result.weight  # alone in its pass
+        return result.weight
+
+    assert [weight(a), weight(a), weight(b, (5, 6, 7))] == [1, 1, 1]
+    assert [weight(a) for _ in range(3)] + [weight(b)] == [2, 1, 1, 4]  # a: b's pass between
+    weight(c, (8, 9), alone=True)  # c's prompt: no round pass
+    assert [weight(a), weight(a), weight(c)] == [2, 1, 3]  # c: the passes since its prompt
+    for _ in range(ROUND_GAP_CAP + 4):
+        weight(a)
+    assert weight(b) == ROUND_GAP_CAP
+    batcher.close()

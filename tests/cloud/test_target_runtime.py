@@ -181,17 +181,18 @@ def test_the_pool_grows_without_changing_what_sessions_hold(target_dir, contexts
 
 
 def test_the_position_probe_measures_without_leaving_a_trace(runtime, contexts):
-    """position_ms (what one more fed position adds to a pass, cloud/pass_cost.py) and
-    pass_fixed_ms are measured once, are positive for a target on a CPU, and leave the runtime as it was: no pass counted,
-    every probe slot free again, sessions' caches untouched."""
+    """The pass model (cloud/token_cost.py: c, what one more fed position adds to a pass; F, a
+    pass's fixed part; the blocks' own layout beside 1-token rows, Fb and cb) is measured once,
+    positive for a target on a CPU where it must be, and leaves the runtime as it was: no pass
+    counted, every probe slot free again, sessions' caches untouched."""
     state = runtime.new_state()
     before = runtime.score(state, contexts[0][:12])
     passes, free = runtime.forward_passes, len(runtime.pool._free)
-    measured = runtime.position_ms
-    assert measured > 0.0 and runtime.position_ms == measured  # measured once, then kept
-    # a pass's fixed part (what a pass costs before any session's share): positive, at most
-    # a one-session pass
-    assert 0.0 < runtime.pass_fixed_ms
+    model = runtime.pass_model
+    assert model.position_ms > 0.0 and runtime.pass_model is model  # measured once, then kept
+    assert runtime.position_ms == model.position_ms
+    assert 0.0 < model.fixed_ms  # a pass costs something before any session's share
+    assert model.block_fixed_ms >= 0.0 and model.block_position_ms >= 0.0
     assert runtime.forward_passes == passes and len(runtime.pool._free) >= free
     state.rollback(11)
     again = runtime.score(state, contexts[0][11:12])

@@ -5,58 +5,88 @@ the figures off a real verifier, over gRPC and at the edge."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from bench.capacity.servers import TokenTotals
 from bench.capacity.stats import TokenCostReading
 from cloud.batcher import ForwardResult
-from cloud.token_cost import (CLOUD, MIN_TOKENS, SPECULATE, TokenCosts, job_share_ms, said)
+from cloud.token_cost import (CLOUD, MIN_TOKENS, SPECULATE, PassModel, TokenCosts, job_share_ms,
+                              said)
 
 pytestmark = pytest.mark.unit
 
 
 def _result(sessions: int, positions: int, forward_ms: float, verify_ms: float = 0.0,
-            committed: int = 0):
+            ones: int = 0, weights: list[float] | None = None, weight: float = 1.0):
     return ForwardResult(logits=None, queue_ms=0.0, forward_ms=forward_ms,
                          batch_size=sessions, verify_ms=verify_ms, positions=positions,
-                         committed=committed)
+                         ones=ones, weight=weight, weights=sum(weights or []))
+
+
+def _shares(result: ForwardResult, jobs: list[tuple[int, float]], model: PassModel) -> list[float]:
+    """Each job's share: jobs = (positions fed, weight)."""
+    return [job_share_ms(replace(result, weight=w), p, model) for p, w in jobs]
+
+
+C = PassModel(position_ms=0.25)
 
 
 def test_a_pass_is_shared_by_its_fixed_part_and_each_jobs_extra_positions():
-    """A pass of 4 jobs (positions 1, 1, 5, 9: 16) of 10 ms, 0.25 ms a position: each job pays
-    an equal part of the pass at one position each, (10 - 0.25 * 12) / 4 = 1.75 ms, plus 0.25
-    ms for each position beyond its first; the shares add up to the pass."""
-    result = _result(4, 16, 9.0, verify_ms=1.0)
-    shares = [job_share_ms(result, p, 1, 0.25) for p in (1, 1, 5, 9)]
-    assert shares == pytest.approx([1.75, 1.75, 2.75, 3.75])
+    """A pass of 4 drafted blocks (positions 2, 2, 5, 9: 18) of 10 ms, 0.25 ms a position: each
+    job pays an equal part of the pass at one position each, (10 - 0.25 * 14) / 4 = 1.625 ms,
+    plus 0.25 ms for each position beyond its first; the shares add up to the pass."""
+    result = _result(4, 18, 9.0, verify_ms=1.0)
+    shares = _shares(result, [(2, 1), (2, 1), (5, 1), (9, 1)], C)
+    assert shares == pytest.approx([1.875, 1.875, 2.625, 3.625])
     assert sum(shares) == pytest.approx(10.0)
 
 
-def test_the_passs_fixed_part_is_carried_by_the_tokens_it_commits():
-    """The same pass with a fixed part F = 4 ms that commits 1 + 1 + 4 + 6 = 12 tokens: each
-    token carries F / 12, each job an equal part of the rest at one position, (10 - 4 - 3) / 4
-    = 0.75 ms, and 0.25 ms a position beyond its first. Split by jobs instead, the round that
-    commits 6 would pay F / 4 for them: a third of a step's F per token for what costs the pass
-    as much per token."""
-    result = _result(4, 16, 9.0, verify_ms=1.0, committed=12)
-    jobs = [(1, 1), (1, 1), (5, 4), (9, 6)]  # (positions fed, tokens committed)
-    shares = [job_share_ms(result, p, c, 0.25, fixed_ms=4.0) for p, c in jobs]
-    assert shares == pytest.approx([1 / 3 + 0.75, 1 / 3 + 0.75, 4 / 3 + 1.75, 2.0 + 2.75])
+def test_the_passs_fixed_part_is_carried_by_the_passes_a_session_was_open_through():
+    """The same pass with a fixed part F = 4 ms, whose jobs come 1, 1, 6 and 2 passes after
+    their sessions' previous ones (weights 10 in all): F is carried 0.4 ms a pass of each,
+    each job an equal part of the rest at one position, (10 - 4 - 3.5) / 4 = 0.625 ms, and
+    0.25 ms a position beyond its first. The round back after 6 passes (drafting, the round
+    trip) pays F's part of each: its session kept its place among the passes' fixed costs."""
+    jobs = [(2, 1.0), (2, 1.0), (5, 6.0), (9, 2.0)]
+    result = _result(4, 18, 9.0, verify_ms=1.0, weights=[w for _, w in jobs])
+    model = replace(C, fixed_ms=4.0)
+    shares = _shares(result, jobs, model)
+    assert shares == pytest.approx([0.4 + 0.875, 0.4 + 0.875, 2.4 + 1.625, 0.8 + 2.625])
     assert sum(shares) == pytest.approx(10.0)
-    per_token = [share / c for share, (_, c) in zip(shares, jobs)]
-    assert per_token[3] < per_token[0]  # the round's tokens still cheaper: 0.79 vs 1.08 ms
-    unknown = _result(4, 16, 9.0, verify_ms=1.0)  # committed not counted: no fixed part
-    assert job_share_ms(unknown, 1, 1, 0.25, fixed_ms=4.0) == pytest.approx(1.75)
+    unweighed = _result(4, 18, 9.0, verify_ms=1.0)  # weights not counted: F equally
+    assert job_share_ms(unweighed, 2, model) == pytest.approx(1.0 + 0.875)
+
+
+def test_blocks_beside_one_token_rows_pay_their_own_layouts_cost():
+    """20 one-token rows and 2 blocks of 5 positions in a 30 ms pass, F = 6 ms, the blocks'
+    layout Fb = 2 ms and cb = 0.2 ms a position beyond a job's first: every job pays an equal
+    step, (30 - 6 - 2 - 0.2 * 8) / 22 ms, and each block Fb / 2 and 4 cb besides. Split as if
+    every job were a row with extra positions, the rows would pay the blocks' layout."""
+    jobs = [(1, 1.0)] * 20 + [(5, 5.0), (5, 5.0)]
+    result = _result(22, 30, 30.0, ones=20, weights=[w for _, w in jobs])
+    model = PassModel(position_ms=0.2, fixed_ms=6.0, block_fixed_ms=2.0, block_position_ms=0.2)
+    shares = _shares(result, jobs, model)
+    step = (30 - 6 - 2 - 0.2 * 8) / 22
+    assert shares[0] == pytest.approx(6.0 / 30 + step)
+    assert shares[-1] == pytest.approx(6.0 * 5 / 30 + step + 1.0 + 0.8)
+    assert sum(shares) == pytest.approx(30.0)
+    flat = _shares(result, jobs, replace(model, block_fixed_ms=None))
+    assert flat[0] > shares[0] and flat[-1] < shares[-1]
+    assert sum(flat) == pytest.approx(30.0)
+    # a lone cloud-run step among blocks pays a step, not the blocks' part of the pass
+    lone = _result(5, 21, 12.0, ones=1, weights=[1.0] * 5)
+    assert job_share_ms(lone, 1, model) == pytest.approx(6.0 / 5 + (12 - 6 - 2 - 0.2 * 16) / 5)
 
 
 def test_without_a_position_cost_the_pass_is_split_equally():
     """vLLM (no position cost, positions not counted): each job pays T / S; a position cost
     the pass's time cannot hold (noise) splits it by positions."""
-    assert job_share_ms(_result(4, 0, 8.0), 5, 1, None) == pytest.approx(2.0)
-    assert job_share_ms(_result(4, 16, 8.0), 5, 1, None) == pytest.approx(2.0)
+    assert job_share_ms(_result(4, 0, 8.0), 5, PassModel()) == pytest.approx(2.0)
+    assert job_share_ms(_result(4, 16, 8.0), 5, PassModel()) == pytest.approx(2.0)
     noisy = _result(2, 10, 1.0)  # c = 0.5 ms x 8 extra positions > 1 ms
-    assert job_share_ms(noisy, 5, 1, 0.5) == pytest.approx(0.5)
+    assert job_share_ms(noisy, 5, PassModel(position_ms=0.5)) == pytest.approx(0.5)
 
 
 def test_on_one_cpu_thread_a_pass_costs_its_cpu_time():
@@ -64,11 +94,10 @@ def test_on_one_cpu_thread_a_pass_costs_its_cpu_time():
     shared with other work stretches the wall time, not that); elsewhere the wall time."""
     result = ForwardResult(logits=None, queue_ms=0.0, forward_ms=18.0, batch_size=4,
                            verify_ms=2.0, positions=4, cpu_ms=8.0)
-    assert job_share_ms(result, 1, 1, 0.25, cpu_clock=True) == pytest.approx(2.0)
-    assert job_share_ms(result, 1, 1, 0.25) == pytest.approx(5.0)
-    unmeasured = ForwardResult(logits=None, queue_ms=0.0, forward_ms=18.0, batch_size=4,
-                               verify_ms=2.0, positions=4)
-    assert job_share_ms(unmeasured, 1, 1, 0.25, cpu_clock=True) == pytest.approx(5.0)
+    assert job_share_ms(result, 1, C, cpu_clock=True) == pytest.approx(2.0)
+    assert job_share_ms(result, 1, C) == pytest.approx(5.0)
+    unmeasured = replace(result, cpu_ms=None)
+    assert job_share_ms(unmeasured, 1, C, cpu_clock=True) == pytest.approx(5.0)
 
 
 def test_a_modes_cost_per_committed_token():

@@ -36,6 +36,8 @@ def test_the_engine_charges_each_mode_its_share_of_the_passes(target_runtime, to
     its own figures, and Prometheus has both modes' gauges."""
     engine = Verifier(target_runtime, LimitSettings(), BatchSettings())
     assert engine._cpu_clock == (TEST_DEVICE == "cpu")  # one torch thread: passes by CPU time
+    # the runtime's measured pass model reaches the shares (it once stopped at the backend)
+    assert engine._pass_model == target_runtime.pass_model and engine._pass_model.fixed_ms > 0
     try:
         context = tokens[0]
         session = engine.open(OpenRequest(session_id="", model="",
