@@ -32,8 +32,8 @@ from cloud.price import PassPrice
 from cloud.runtime.target import TargetRuntime
 from cloud.runtime.torch_backend import TorchBackend
 from cloud.sessions import Session, SessionTable
-from cloud.token_cost import (CLOUD, SPECULATE, PassModel, TokenCosts, cpu_clock,
-                               job_share_ms)
+from cloud.token_cost import (CLOUD, SPECULATE, PassFit, PassModel, TokenCosts, cpu_clock,
+                               job_share_ms, pass_ms)
 from cloud.verify import RoundCheck, verify_round
 from tandem.codec import InvalidDistribution, SparseDist
 from tandem.metrics import tau
@@ -74,6 +74,7 @@ class Verifier:
         self.token_costs = TokenCosts()
         self._cpu_clock = cpu_clock(runtime.device) and runtime.batcher is not None
         self._pass_model = runtime.pass_model or PassModel(runtime.position_ms)
+        self.pass_fit = PassFit(self._pass_model)  # the live passes' parts (token costs)
         self.metrics = VerifierMetrics(model=runtime.name)
         self.metrics.watch(sessions=lambda: self.table.active,
                            kv_bytes=lambda: self.table.used_bytes,
@@ -364,7 +365,9 @@ class Verifier:
     def _observe_tokens(self, session: Session, mode: str, result: ForwardResult,
                         positions: int, committed: int) -> None:
         """A job's share of its pass, charged to the tokens it committed in `mode`."""
-        share = job_share_ms(result, positions, self._pass_model, self._cpu_clock)
+        self.pass_fit.observe_job(result, pass_ms(result, self._cpu_clock))
+        share = job_share_ms(result, positions, self._pass_model, self._cpu_clock,
+                             self.pass_fit.coefficients())
         self.token_costs.observe(mode, share, committed)
         session.token_costs.observe(mode, share, committed)
 

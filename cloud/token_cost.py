@@ -3,7 +3,8 @@
 modes by them: edge/control/pricing.py).
 
 Each pass's time T (forward pass and acceptance test) is shared among the jobs in it by what
-each adds to it, measured by the runtime at start (TargetRuntime.pass_model, a PassModel):
+each adds to it, as the runtime measured at start (TargetRuntime.pass_model, a PassModel) and
+the live passes confirm (PassFit):
 
 - the pass's fixed part F (its layers' launch, the head's setup) is paid by the sessions open
   through it: each job carries F in proportion to the passes since its session's previous
@@ -11,19 +12,21 @@ each adds to it, measured by the runtime at start (TargetRuntime.pass_model, a P
   weight). A cloud-run step is in every pass and carries one part; a phone's round that
   comes back after six passes (drafting, the round trip) carries six, as its session kept
   its place for them;
-- every job pays an equal part of the rest at one position each (its slot's K/V gather, its
-  row) and c for each position beyond its first;
-- where 1-token rows and drafted blocks share a pass, the blocks attend as a layout of their
-  own (cloud/runtime/slot_attention.py): the blocks share that layout's own fixed part Fb
-  (equally), and a position beyond a job's first costs cb, what one adds to a block there.
+- the rest, T - F, in proportion to each job's part as the probe priced it: a 1-token row a
+  step s0; a drafted block beside rows its own layout's share (the blocks attend as a layout
+  of their own, cloud/runtime/slot_attention.py: Fb, shared), a step, and cb a position
+  beyond its first; a block among blocks alone a step and c a position beyond its first;
+- the probe runs at 64 positions, and at the contexts served a block's attention grows with
+  its positions x the context while a row's grows far less: rows' and blocks' parts are
+  scaled by a and b, fitted with F on the live passes (T = F + a R + b B, least squares).
 
-The shares add up to T. Measured on this CPU with the shipped target at 300-token contexts: a
-pass of 48 one-token rows 33.8 ms, with one block of 6 beside them 36.1, with 4 blocks of 6
-40.5 (Fb 1.5-2.4 ms, cb 0.13-0.2). Before Fb and F were priced so (F by committed tokens, and
-then not at all: the torch backend never passed F on), a phone's rounds read 0.57 ms a token
-against 0.84 for cloud runs at 64 lte/phone users, while speculating all the time (fixed k = 4)
-cost the verifier as much CPU per token as cloud-only did. Without c (vLLM) the split is
-equal; without F (the exact path, where every session is a pass) F is 0.
+The shares add up to T. Measured on this CPU with the shipped target at 300-token contexts: 48
+one-token rows 33.6 ms a pass; 3 blocks of 6 beside them add 7.2 ms (2.4 a block, committing
+~4 tokens on a phone), 3 more rows 1.1-1.6 (~0.5 a row, committing 1). Before this split (F
+inside an equal step: the torch backend never passed F on), a phone's rounds read 0.57 ms a
+token against 0.84 for cloud runs at 64 lte/phone users, while speculating all the time
+(fixed k = 4) cost the verifier as much CPU per token as cloud-only did. Without a step
+(vLLM, the exact path) the split is equal.
 
 A pass's time is its wall time, or, where the target runs on the pass's own thread (torch on
 the CPU with one thread, as `tandem capacity` serves it: cpu_clock), that thread's CPU time: a
@@ -53,6 +56,8 @@ from __future__ import annotations
 
 import threading
 import time
+
+import numpy as np
 from dataclasses import dataclass
 
 from cloud.batcher import ForwardResult, passes_cpu_ms_here
@@ -63,6 +68,9 @@ VERIFIER_HALF_LIFE_TOKENS = 2000.0  # ~2-4 s of a loaded verifier's tokens (64 u
                                     # tok/s each): follows a change of mix within seconds
 SESSION_HALF_LIFE_TOKENS = 64.0     # a session's last few rounds or runs
 MIN_TOKENS = 16.0                   # committed tokens of a mode before its figure is said
+FIT_HALF_LIFE = 2000.0              # passes (~1 min of a loaded verifier): PassFit's memory
+FIT_PRIOR = 20.0                    # passes' worth of the probe's parts PassFit starts from
+FIT_EVERY = 64                      # jobs between PassFit's solves
 
 
 @dataclass(frozen=True)
@@ -74,30 +82,118 @@ class PassModel:
     block_fixed_ms: float | None = None     # Fb: drafted blocks beside 1-token rows, their
                                             # own layout's fixed part
     block_position_ms: float | None = None  # cb: a position of such a block
+    step_ms: float | None = None            # s0: one more 1-token job in a pass of them
+
+    def row_ms(self) -> float:
+        """A 1-token row's part of a pass beside others (its step, s0)."""
+        return self.step_ms or 0.0
+
+    def block_ms(self, positions: int, beside_rows: bool, blocks: int) -> float:
+        """A drafted block's part: beside 1-token rows its own layout's share (Fb / blocks), a
+        step and cb per position beyond its first; in a pass of blocks alone a step and c."""
+        if beside_rows and self.block_fixed_ms is not None:
+            return (self.block_fixed_ms / max(blocks, 1) + self.row_ms()
+                    + self.block_position_ms * max(positions - 1, 0))
+        return self.row_ms() + (self.position_ms or 0.0) * max(positions - 1, 0)
+
+
+def pass_parts(result: ForwardResult, model: PassModel) -> tuple[float, float]:
+    """(R, B): the pass's 1-token rows and its drafted blocks, each in the probe's ms."""
+    blocks = result.batch_size - result.ones
+    if blocks <= 0:
+        return result.ones * model.row_ms(), 0.0
+    beside = result.ones > 0
+    extra = result.positions - result.batch_size  # positions beyond each job's first
+    per = model.block_position_ms if beside and model.block_fixed_ms is not None \
+        else (model.position_ms or 0.0)
+    own = model.block_fixed_ms if beside and model.block_fixed_ms is not None else 0.0
+    return result.ones * model.row_ms(), own + blocks * model.row_ms() + per * extra
+
+
+class PassFit:
+    """What the live passes cost by their parts: T = F + a R + b B (pass_parts: R its 1-token
+    rows, B its drafted blocks, each as the probe priced them), least squares over the recent
+    passes (forgetting with a half-life of FIT_HALF_LIFE passes), pulled toward the probe's
+    (F, 1, 1) by FIT_PRIOR passes' worth. a and b carry what the probe, at 64 positions, could
+    not see: at the contexts served, a block's attention grows with its positions x context
+    and a row's far less (measured at 300 positions: 3 blocks of 6 beside 48 rows add 7.2 ms,
+    the probe's parts say 4.5; 3 more rows add 1.1-1.6). Thread-safe; each job adds 1 / S of
+    its pass."""
+
+    def __init__(self, model: PassModel) -> None:
+        self.model = model
+        self._keep = 0.5 ** (1.0 / FIT_HALF_LIFE)
+        prior = [model.fixed_ms or 0.0, 1.0, 1.0]
+        typical = [1.0, (8 * model.row_ms()) ** 2, (model.block_ms(5, True, 1)) ** 2]
+        self._ridge = [FIT_PRIOR * t for t in typical]
+        self._prior = prior
+        self._xx = [[0.0] * 3 for _ in range(3)]
+        self._xy = [0.0] * 3
+        self._lock = threading.Lock()
+        self._coef: tuple[float, float, float] | None = None
+        self._since = 0
+
+    def observe_job(self, result: ForwardResult, total_ms: float) -> None:
+        if self.model.step_ms is None or result.positions < result.batch_size:
+            return
+        rows, blocks = pass_parts(result, self.model)
+        x = (1.0, rows, blocks)
+        weight = 1.0 / max(result.batch_size, 1)
+        keep = self._keep ** weight
+        with self._lock:
+            for i in range(3):
+                self._xy[i] = keep * self._xy[i] + weight * x[i] * total_ms
+                for j in range(3):
+                    self._xx[i][j] = keep * self._xx[i][j] + weight * x[i] * x[j]
+            self._since += 1
+            if self._since >= FIT_EVERY or self._coef is None:
+                self._since = 0
+                self._coef = self._solve()
+
+    def _solve(self) -> tuple[float, float, float]:
+        a = [[self._xx[i][j] + (self._ridge[i] if i == j else 0.0) for j in range(3)]
+             for i in range(3)]
+        b = [self._xy[i] + self._ridge[i] * self._prior[i] for i in range(3)]
+        try:
+            fixed, rows, blocks = (float(v) for v in np.linalg.solve(a, b))
+        except np.linalg.LinAlgError:
+            return tuple(self._prior)
+        return (max(fixed, 0.0), rows if rows > 0 else 1.0, blocks if blocks > 0 else 1.0)
+
+    def coefficients(self) -> tuple[float, float, float]:
+        """(F, a, b): the probe's (F, 1, 1) until a pass is seen."""
+        with self._lock:
+            return self._coef or tuple(self._prior)
 
 
 def job_share_ms(result: ForwardResult, positions: int, model: PassModel,
-                 cpu_clock: bool = False) -> float:
+                 cpu_clock: bool = False, fit: tuple[float, float, float] | None = None
+                 ) -> float:
     """One job's share of its pass (see the top): `positions` it fed, of result.positions.
-    cpu_clock: the pass's time is its thread's CPU time (where the backend measured it)."""
+    cpu_clock: the pass's time is its thread's CPU time (where the backend measured it).
+    fit: (F, a, b) of the live passes (PassFit); None: the probe's (F, 1, 1)."""
     sessions = max(result.batch_size, 1)
-    total = result.forward_ms + result.verify_ms
-    if cpu_clock and result.cpu_ms is not None:
-        total = result.cpu_ms
-    c = model.position_ms
-    if c is None or result.positions < sessions:  # not counted (vLLM): equal split
+    total = pass_ms(result, cpu_clock)
+    if model.step_ms is None or result.positions < sessions:  # not counted (vLLM): equal split
         return total / sessions
-    fixed = min(model.fixed_ms or 0.0, total)
+    fixed, a, b = fit or (model.fixed_ms or 0.0, 1.0, 1.0)
+    fixed = min(fixed, total)
     carried = fixed * result.weight / result.weights if result.weights > 0 else fixed / sessions
-    blocks = sessions - result.ones
-    layout = 0.0
-    if 0 < result.ones < sessions and model.block_fixed_ms is not None:
-        layout, c = model.block_fixed_ms, model.block_position_ms
-    step = (total - fixed - layout - c * (result.positions - sessions)) / sessions
-    if step <= 0.0:  # the model measured above this pass's cost (noise): split by positions
-        return total * positions / result.positions
-    own = layout / blocks if positions > 1 else 0.0
-    return carried + step + own + c * max(positions - 1, 0)
+    rows, blocks = pass_parts(result, model)
+    parts = a * rows + b * blocks
+    if parts <= 0.0:
+        return total * positions / max(result.positions, 1)
+    blocks_in = sessions - result.ones
+    mine = a * model.row_ms() if positions == 1 else \
+        b * model.block_ms(positions, result.ones > 0, blocks_in)
+    return carried + (total - fixed) * mine / parts
+
+
+def pass_ms(result: ForwardResult, cpu_clock: bool = False) -> float:
+    """A pass's time: its thread's CPU time where that is its cost (cpu_clock), else wall."""
+    if cpu_clock and result.cpu_ms is not None:
+        return result.cpu_ms
+    return result.forward_ms + result.verify_ms
 
 
 @dataclass

@@ -268,9 +268,9 @@ class TargetRuntime:
         fixed_ms = min(max((sessions * ms["one"] - narrow) / (sessions - 1), 0.0), ms["one"])
         block_position_ms = max(ms["beside_wide"] - ms["beside_short"], 0.0) / \
             (POSITION_PROBE_K + 1 - 3)
-        step = (narrow - fixed_ms) / sessions  # one more job at one position
+        step = max(narrow - fixed_ms, 0.0) / sessions  # one more job at one position
         block_fixed_ms = max(ms["beside_short"] - narrow - step - 2 * block_position_ms, 0.0)
-        return PassModel(position_ms, fixed_ms, block_fixed_ms, block_position_ms)
+        return PassModel(position_ms, fixed_ms, block_fixed_ms, block_position_ms, step)
 
     def _time_passes(self, shapes: dict[str, list[list[int]]], count: int) -> dict[str, float]:
         """Median ms of passes of each shape (a list of the tokens each session feeds) over

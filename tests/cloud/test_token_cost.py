@@ -12,8 +12,8 @@ import pytest
 from bench.capacity.servers import TokenTotals
 from bench.capacity.stats import TokenCostReading
 from cloud.batcher import ForwardResult
-from cloud.token_cost import (CLOUD, MIN_TOKENS, SPECULATE, PassModel, TokenCosts, job_share_ms,
-                              said)
+from cloud.token_cost import (CLOUD, MIN_TOKENS, SPECULATE, PassFit, PassModel, TokenCosts,
+                              job_share_ms, pass_parts, said)
 
 pytestmark = pytest.mark.unit
 
@@ -30,70 +30,95 @@ def _shares(result: ForwardResult, jobs: list[tuple[int, float]], model: PassMod
     return [job_share_ms(replace(result, weight=w), p, model) for p, w in jobs]
 
 
-C = PassModel(position_ms=0.25)
+C = PassModel(position_ms=0.25, step_ms=1.0)
 
 
-def test_a_pass_is_shared_by_its_fixed_part_and_each_jobs_extra_positions():
-    """A pass of 4 drafted blocks (positions 2, 2, 5, 9: 18) of 10 ms, 0.25 ms a position: each
-    job pays an equal part of the pass at one position each, (10 - 0.25 * 14) / 4 = 1.625 ms,
-    plus 0.25 ms for each position beyond its first; the shares add up to the pass."""
+def test_a_pass_is_shared_by_each_jobs_part_as_the_probe_priced_it():
+    """A pass of 4 drafted blocks (positions 2, 2, 5, 9) of 10 ms, priced at a step of 1 ms
+    and 0.25 ms a position beyond a job's first: parts 1.25, 1.25, 2, 3 (7.5 ms); the pass
+    is shared in those proportions, and the shares add up to it."""
     result = _result(4, 18, 9.0, verify_ms=1.0)
     shares = _shares(result, [(2, 1), (2, 1), (5, 1), (9, 1)], C)
-    assert shares == pytest.approx([1.875, 1.875, 2.625, 3.625])
+    assert shares == pytest.approx([10 * 1.25 / 7.5, 10 * 1.25 / 7.5, 10 * 2 / 7.5, 10 * 3 / 7.5])
     assert sum(shares) == pytest.approx(10.0)
 
 
 def test_the_passs_fixed_part_is_carried_by_the_passes_a_session_was_open_through():
     """The same pass with a fixed part F = 4 ms, whose jobs come 1, 1, 6 and 2 passes after
-    their sessions' previous ones (weights 10 in all): F is carried 0.4 ms a pass of each,
-    each job an equal part of the rest at one position, (10 - 4 - 3.5) / 4 = 0.625 ms, and
-    0.25 ms a position beyond its first. The round back after 6 passes (drafting, the round
-    trip) pays F's part of each: its session kept its place among the passes' fixed costs."""
+    their sessions' previous ones (weights 10 in all): F is carried 0.4 ms a pass of each and
+    the rest, 6 ms, by the parts. The round back after 6 passes (drafting, the round trip)
+    pays F's part of each: its session kept its place among the passes' fixed costs."""
     jobs = [(2, 1.0), (2, 1.0), (5, 6.0), (9, 2.0)]
     result = _result(4, 18, 9.0, verify_ms=1.0, weights=[w for _, w in jobs])
     model = replace(C, fixed_ms=4.0)
     shares = _shares(result, jobs, model)
-    assert shares == pytest.approx([0.4 + 0.875, 0.4 + 0.875, 2.4 + 1.625, 0.8 + 2.625])
+    parts = [1.25, 1.25, 2.0, 3.0]
+    assert shares == pytest.approx([0.4 * w + 6 * p / 7.5 for (_, w), p in zip(jobs, parts)])
     assert sum(shares) == pytest.approx(10.0)
     unweighed = _result(4, 18, 9.0, verify_ms=1.0)  # weights not counted: F equally
-    assert job_share_ms(unweighed, 2, model) == pytest.approx(1.0 + 0.875)
+    assert job_share_ms(unweighed, 2, model) == pytest.approx(1.0 + 6 * 1.25 / 7.5)
 
 
 def test_blocks_beside_one_token_rows_pay_their_own_layouts_cost():
-    """20 one-token rows and 2 blocks of 5 positions in a 30 ms pass, F = 6 ms, the blocks'
-    layout Fb = 2 ms and cb = 0.2 ms a position beyond a job's first: every job pays an equal
-    step, (30 - 6 - 2 - 0.2 * 8) / 22 ms, and each block Fb / 2 and 4 cb besides. Split as if
-    every job were a row with extra positions, the rows would pay the blocks' layout."""
+    """20 one-token rows and 2 blocks of 5 positions in a 30 ms pass, F = 6 ms, a step 1 ms,
+    the blocks' layout Fb = 2 ms and cb = 0.2 ms a position beyond a job's first: a row's part
+    is 1, a block's 2 / 2 + 1 + 4 x 0.2 = 2.8 (25.6 in all), and the 24 ms beyond F are shared
+    so. Priced as if every job were a row with extra positions, the rows would pay the
+    blocks' layout."""
     jobs = [(1, 1.0)] * 20 + [(5, 5.0), (5, 5.0)]
     result = _result(22, 30, 30.0, ones=20, weights=[w for _, w in jobs])
-    model = PassModel(position_ms=0.2, fixed_ms=6.0, block_fixed_ms=2.0, block_position_ms=0.2)
+    model = PassModel(position_ms=0.2, fixed_ms=6.0, block_fixed_ms=2.0, block_position_ms=0.2,
+                      step_ms=1.0)
     shares = _shares(result, jobs, model)
-    step = (30 - 6 - 2 - 0.2 * 8) / 22
-    assert shares[0] == pytest.approx(6.0 / 30 + step)
-    assert shares[-1] == pytest.approx(6.0 * 5 / 30 + step + 1.0 + 0.8)
+    assert shares[0] == pytest.approx(6.0 / 30 + 24 * 1 / 25.6)
+    assert shares[-1] == pytest.approx(6.0 * 5 / 30 + 24 * 2.8 / 25.6)
     assert sum(shares) == pytest.approx(30.0)
     flat = _shares(result, jobs, replace(model, block_fixed_ms=None))
     assert flat[0] > shares[0] and flat[-1] < shares[-1]
     assert sum(flat) == pytest.approx(30.0)
-    # a lone cloud-run step among blocks pays a step, not the blocks' part of the pass
-    lone = _result(5, 21, 12.0, ones=1, weights=[1.0] * 5)
-    assert job_share_ms(lone, 1, model) == pytest.approx(6.0 / 5 + (12 - 6 - 2 - 0.2 * 16) / 5)
 
 
-def test_without_a_position_cost_the_pass_is_split_equally():
-    """vLLM (no position cost, positions not counted): each job pays T / S; a position cost
-    the pass's time cannot hold (noise) splits it by positions."""
+def test_the_live_passes_fit_what_the_probe_could_not_see():
+    """Passes whose blocks cost 3x what the probe's parts say (a context the probe did not
+    run at) and rows as it says, F 5 ms: PassFit finds (F, a, b) = (5, 1, 3), and with it
+    each block pays three times its probe part while a row pays its own."""
+    model = PassModel(position_ms=0.2, fixed_ms=4.0, block_fixed_ms=1.0, block_position_ms=0.1,
+                      step_ms=0.5)
+    fit = PassFit(model)
+    rng = random.Random(7)
+    for _ in range(3000):
+        ones, blocks = rng.randint(10, 60), rng.randint(0, 6)
+        positions = ones + 6 * blocks
+        result = _result(ones + blocks, positions, 0.0, ones=ones)
+        rows, drafted = pass_parts(result, model)
+        total = 5.0 + rows + 3.0 * drafted
+        for _ in range(ones + blocks):
+            fit.observe_job(replace(result, forward_ms=total), total)
+    fixed, a, b = fit.coefficients()
+    assert (fixed, a, b) == (pytest.approx(5.0, abs=0.3), pytest.approx(1.0, abs=0.05),
+                             pytest.approx(3.0, abs=0.1))
+    result = _result(42, 40 + 12, 0.0, ones=40, weights=[1.0] * 42)
+    total = 5.0 + pass_parts(result, model)[0] + 3.0 * pass_parts(result, model)[1]
+    result = replace(result, forward_ms=total)
+    row = job_share_ms(result, 1, model, fit=fit.coefficients())
+    block = job_share_ms(result, 6, model, fit=fit.coefficients())
+    assert row == pytest.approx(5.0 / 42 + 0.5, rel=0.05)
+    assert block == pytest.approx(5.0 / 42 + 3 * (1.0 / 2 + 0.5 + 5 * 0.1), rel=0.05)
+
+
+def test_without_a_step_the_pass_is_split_equally():
+    """vLLM and the exact path (no step measured, or positions not counted): each job pays
+    T / S."""
     assert job_share_ms(_result(4, 0, 8.0), 5, PassModel()) == pytest.approx(2.0)
-    assert job_share_ms(_result(4, 16, 8.0), 5, PassModel()) == pytest.approx(2.0)
-    noisy = _result(2, 10, 1.0)  # c = 0.5 ms x 8 extra positions > 1 ms
-    assert job_share_ms(noisy, 5, PassModel(position_ms=0.5)) == pytest.approx(0.5)
+    assert job_share_ms(_result(4, 16, 8.0), 5, PassModel(position_ms=0.3)) == pytest.approx(2.0)
+    assert job_share_ms(_result(4, 0, 8.0), 5, C) == pytest.approx(2.0)
 
 
 def test_on_one_cpu_thread_a_pass_costs_its_cpu_time():
     """Where the target runs on the pass's own thread its CPU time is the pass's cost (a core
     shared with other work stretches the wall time, not that); elsewhere the wall time."""
     result = ForwardResult(logits=None, queue_ms=0.0, forward_ms=18.0, batch_size=4,
-                           verify_ms=2.0, positions=4, cpu_ms=8.0)
+                           verify_ms=2.0, positions=4, cpu_ms=8.0, ones=4)
     assert job_share_ms(result, 1, C, cpu_clock=True) == pytest.approx(2.0)
     assert job_share_ms(result, 1, C) == pytest.approx(5.0)
     unmeasured = replace(result, cpu_ms=None)
