@@ -26,7 +26,7 @@ def validate(model: Model, rows: list[dict], slos: list[float], ttft_slo: float,
              ks: list[int]) -> list[dict]:
     out = []
     for cell in cells_of(rows):
-        options = options_for(model, rows, cell, ks)
+        options = options_for(model, rows, cell, ks, ttft_slo_s=ttft_slo)
         by_name = {o.name: o for o in options}
         for config in CHECKED:
             counts = sorted({r["users"] for r in rows

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
               "inputs_engine": asdict(run_engine), "workload": asdict(target),
               "kv_users": model.kv_users(), "cells": []}
     for cell in cells_of(rows):
-        options = options_for(run_model, rows, cell, args.ks)
+        options = options_for(run_model, rows, cell, args.ks, ttft_slo_s=args.ttft_slo)
         report["cells"].append(_cell(model, cell, options, args))
     print(_header(report))
     print(paper_table(report))

@@ -18,6 +18,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from bench.capacity.options import CapacityOptions
 from bench.capacity.paper import Engine, Model, UserMode, Workload
 
 BEHAVIOUR = Path(__file__).with_name("draft_behaviour.json")
@@ -49,18 +50,20 @@ def behaviour(path: Path = BEHAVIOUR) -> dict:
 
 
 def options_for(model: Model, rows: list[dict], cell: tuple[str, str], ks: list[int],
-                known: dict | None = None) -> list[UserMode]:
+                known: dict | None = None,
+                ttft_slo_s: float = CapacityOptions.slo_ttft_s) -> list[UserMode]:
     """cloud-only and fixed k for each k in ks, calibrated on the cell's unloaded rows."""
     known = known or behaviour()
     cloud = _light(rows, cell, "cloud-only")
     fixed = _light(rows, cell, f"fixed-k{FIXED_K}")
     options = []
     if cloud:
-        options.append(_calibrated(model, UserMode("cloud-only", 0, 1.0, {}), cloud))
+        options.append(_calibrated(model, UserMode("cloud-only", 0, 1.0, {}), cloud, ttft_slo_s))
     if not fixed:
         return options
     tau = _mean([1.0 / r["passes_per_token"] for r in fixed], fixed)
-    base = _calibrated(model, UserMode(f"fixed-k{FIXED_K}", FIXED_K, tau, {}), fixed)
+    base = _calibrated(model, UserMode(f"fixed-k{FIXED_K}", FIXED_K, tau, {}), fixed,
+                       ttft_slo_s)
     tau_by_k = {int(k): v for k, v in known["tau_by_k"].items()}
     speed = known["draft_tok_s"][cell[1]]
     accepted = (base.tau - 1.0) / (tau_by_k[FIXED_K] - 1.0)
@@ -70,17 +73,19 @@ def options_for(model: Model, rows: list[dict], cell: tuple[str, str], ks: list[
             continue
         tau = 1.0 + (tau_by_k[k] - 1.0) * accepted
         extra = (k - FIXED_K) / speed
-        options.append(UserMode(f"fixed-k{k}", k, tau, {q: z + extra for q, z in base.z_s.items()},
-                              base.ttft_link_s))
+        options.append(replace(base, name=f"fixed-k{k}", k=k, tau=tau,
+                               z_s={q: z + extra for q, z in base.z_s.items()}))
     return options
 
 
-def _calibrated(model: Model, option: UserMode, rows: list[dict]) -> UserMode:
-    """The option's z (and TTFT's link part) such that the model at each row's N reproduces
-    its TPOT p50 and p90 (the verifier's part at that load is the model's), averaged over the
-    rows by their requests."""
+def _calibrated(model: Model, option: UserMode, rows: list[dict],
+                ttft_slo_s: float) -> UserMode:
+    """The option's z (and TTFT's link part, p50 and p90) such that the model at each row's N
+    reproduces its TPOT p50 and p90 (the verifier's part at that load is the model's),
+    averaged over the rows by their requests; and per TPOT SLO the share of requests the link
+    fails beyond those bodies (UserMode.fades: the rows' good share below the model's)."""
     z: dict[str, list[float]] = {"p50": [], "p90": []}
-    ttft: list[float] = []
+    ttft: dict[str, list[float]] = {"p50": [], "p90": []}
     for row in rows:
         measured = {"p50": row["tpot_p50_s"], "p90": row["tpot_p90_s"]}
         guess = replace(option, z_s={q: 0.0 for q in measured})
@@ -90,9 +95,29 @@ def _calibrated(model: Model, option: UserMode, rows: list[dict]) -> UserMode:
                                         for q, t in measured.items()})
         for q in z:
             z[q].append(guess.z_s[q])
-        ttft.append((row.get("ttft_p90_s") or 0.0) - model.verifier_ttft_s(guess))
-    return replace(option, z_s={q: _mean(v, rows) for q, v in z.items()},
-                   ttft_link_s=_mean(ttft, rows))
+        verifier_ttft = model.verifier_ttft_s(guess)
+        p90 = row.get("ttft_p90_s") or 0.0
+        ttft["p90"].append(p90 - verifier_ttft)
+        ttft["p50"].append((row.get("ttft_p50_s") or p90) - verifier_ttft)
+    has_p50 = all(row.get("ttft_p50_s") for row in rows)
+    calibrated = replace(option, z_s={q: _mean(v, rows) for q, v in z.items()},
+                         ttft_link_s=_mean(ttft["p90"], rows),
+                         ttft_link_p50_s=_mean(ttft["p50"], rows) if has_p50 else None)
+    return replace(calibrated, fades=_fades(model, calibrated, rows, ttft_slo_s))
+
+
+def _fades(model: Model, option: UserMode, rows: list[dict],
+           ttft_slo_s: float) -> dict[str, float]:
+    """Per TPOT SLO the rows' requests failed beyond the bodies: 1 - their measured good share
+    over the model's (bodies alone) at each row's N."""
+    fades = {}
+    slos = set.intersection(*(set(r.get("good_share_by_tpot") or {}) for r in rows))
+    for slo in slos:
+        good = _mean([r["good_share_by_tpot"][slo] for r in rows], rows)
+        body = _mean([model.good_share(option, r["users"], float(slo), ttft_slo_s, fades=False)
+                      for r in rows], rows)
+        fades[slo] = min(max(1.0 - good / body, 0.0), 1.0) if body > 0 else 0.0
+    return fades
 
 
 def _mean(values: list[float], rows: list[dict]) -> float:

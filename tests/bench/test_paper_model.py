@@ -3,6 +3,8 @@ model (bench/capacity/paper.py): interpolation, the published curve, the model's
 arithmetic at its limits, its calibration on unloaded rows, and the KV bound."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from bench.capacity.paper import Engine, Model, UserMode, Workload
@@ -109,3 +111,22 @@ def test_the_engine_is_what_verifier_bench_rounds_take_beyond_the_pass(tmp_path)
     path.write_text(json.dumps({"rows": rows}))
     engine = engine_from_verifier_bench(surface, path, Engine())
     assert engine.pass_ms == pytest.approx(3.0) and engine.job_ms == pytest.approx(0.25)
+
+
+def test_requests_a_links_fades_fail_alone_are_failed_at_every_load():
+    """Light rows whose good share (0.9) lies below what their TPOT and TTFT bodies give (~0.98)
+    say the link fails some requests at any load (UserMode.fades): the model then holds fewer
+    users than by the bodies alone, and a good share is the product of both SLOs' shares."""
+    model = Model(_affine(), Engine(pass_ms=1.0, job_ms=0.2), Workload())
+    row = dict(channel="lte", device="phone", config="fixed-k4", users=1, tpot_p50_s=0.066,
+               tpot_p90_s=0.085, ttft_p50_s=0.35, ttft_p90_s=0.43, passes_per_token=0.3,
+               good_share_by_tpot={"0.1": 0.9}, requests=40)
+    k4 = options_for(model, [row], ("lte", "phone"), [4], {"tau_by_k": {"4": 2.94},
+                                                           "draft_tok_s": {"phone": 40.0}})[0]
+    body = model.good_share(k4, 1, 0.1, 1.0, fades=False)
+    assert 0.95 < body < 1.0
+    assert k4.fades["0.1"] == pytest.approx(1 - 0.9 / body)
+    assert model.good_share(k4, 1, 0.1, 1.0) == pytest.approx(0.9, rel=1e-6)
+    bodies_alone = replace(k4, fades={})
+    assert model.capacity(k4, 0.1) < model.capacity(bodies_alone, 0.1)
+    assert model.good_share(bodies_alone, 64, 0.1, 0.5) < model.good_share(bodies_alone, 64, 0.1, 1.0)
