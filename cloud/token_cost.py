@@ -56,9 +56,9 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
-from dataclasses import dataclass
 
 from cloud.batcher import ForwardResult, passes_cpu_ms_here
 
@@ -88,26 +88,29 @@ class PassModel:
         """A 1-token row's part of a pass beside others (its step, s0)."""
         return self.step_ms or 0.0
 
-    def block_ms(self, positions: int, beside_rows: bool, blocks: int) -> float:
-        """A drafted block's part: beside 1-token rows its own layout's share (Fb / blocks), a
-        step and cb per position beyond its first; in a pass of blocks alone a step and c."""
+    def block_terms(self, beside_rows: bool) -> tuple[float, float]:
+        """(the blocks' own fixed part, a position beyond a block's first): beside 1-token rows
+        their own layout's (Fb, cb); among blocks alone (0, c)."""
         if beside_rows and self.block_fixed_ms is not None:
-            return (self.block_fixed_ms / max(blocks, 1) + self.row_ms()
-                    + self.block_position_ms * max(positions - 1, 0))
-        return self.row_ms() + (self.position_ms or 0.0) * max(positions - 1, 0)
+            return self.block_fixed_ms, self.block_position_ms or 0.0
+        return 0.0, self.position_ms or 0.0
+
+    def block_ms(self, positions: int, beside_rows: bool, blocks: int) -> float:
+        """A drafted block's part: its share of the blocks' own fixed part, a step, and a
+        position's part for each beyond its first (block_terms)."""
+        own, per = self.block_terms(beside_rows)
+        return own / max(blocks, 1) + self.row_ms() + per * max(positions - 1, 0)
 
 
 def pass_parts(result: ForwardResult, model: PassModel) -> tuple[float, float]:
     """(R, B): the pass's 1-token rows and its drafted blocks, each in the probe's ms."""
     blocks = result.batch_size - result.ones
+    rows = result.ones * model.row_ms()
     if blocks <= 0:
-        return result.ones * model.row_ms(), 0.0
-    beside = result.ones > 0
+        return rows, 0.0
+    own, per = model.block_terms(result.ones > 0)
     extra = result.positions - result.batch_size  # positions beyond each job's first
-    per = model.block_position_ms if beside and model.block_fixed_ms is not None \
-        else (model.position_ms or 0.0)
-    own = model.block_fixed_ms if beside and model.block_fixed_ms is not None else 0.0
-    return result.ones * model.row_ms(), own + blocks * model.row_ms() + per * extra
+    return rows, own + blocks * model.row_ms() + per * extra
 
 
 class PassFit:

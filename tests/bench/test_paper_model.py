@@ -3,7 +3,9 @@ model (bench/capacity/paper.py): interpolation, the published curve, the model's
 arithmetic at its limits, its calibration on unloaded rows, and the KV bound."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +132,21 @@ def test_requests_a_links_fades_fail_alone_are_failed_at_every_load():
     bodies_alone = replace(k4, fades={})
     assert model.capacity(k4, 0.1) < model.capacity(bodies_alone, 0.1)
     assert model.good_share(bodies_alone, 64, 0.1, 0.5) < model.good_share(bodies_alone, 64, 0.1, 1.0)
+
+
+def test_fed_the_cpus_surface_it_predicts_the_committed_runs_capacities(tmp_path, monkeypatch):
+    """`tandem capacity --paper --validate` on the committed run (docs/capacity/capacity.json
+    with its 48-64 lte/phone points) and the CPU's committed surface: cloud-only and fixed-k4,
+    the configurations the model runs as they are, within one sweep step of the measured
+    capacities in both cells at both TPOT SLOs (adaptive is the model's ceiling, the best
+    fixed k at each N, not the controller: docs/capacity.md)."""
+    from bench.capacity.paper_cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the committed inputs' paths
+    out = tmp_path / "paper.json"
+    assert main(["docs/capacity/cpu-target-surface.json", "--validate", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["validation"]
+    checked = [r for r in results if r["config"] in ("cloud-only", "fixed-k4")]
+    assert len(checked) == 8
+    assert all(r["within_one_step"] for r in checked), \
+        [(r["cell"], r["config"], r["tpot_slo_s"], r["measured"], r["predicted"]) for r in checked]
