@@ -73,7 +73,7 @@ class Verifier:
         # each session keeps its own: Session.token_costs).
         self.token_costs = TokenCosts()
         self._cpu_clock = cpu_clock(runtime.device) and runtime.batcher is not None
-        self._pass_model = runtime.pass_model or PassModel(runtime.position_ms)
+        self._pass_model = runtime.pass_model or PassModel()  # none measured: equal split
         self.pass_fit = PassFit(self._pass_model)  # the live passes' parts (token costs)
         self.metrics = VerifierMetrics(model=runtime.name)
         self.metrics.watch(sessions=lambda: self.table.active,

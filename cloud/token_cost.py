@@ -41,7 +41,8 @@ is added to its mode (ServingClock: the stream thread's CPU between its replies,
 it ran itself). Measured at 64 lte/phone users on one core (each thread's CPU): ~0.16 ms a
 cloud-run token, ~0.05 a speculated one. The rest of the process's CPU is the prompts' passes
 (~0.3 ms a token of 48-token responses, both modes alike), gRPC's polling thread (~0.02) and
-the batcher's loop around its passes (~0.01): split per mode by nothing here. On a GPU the figures stay the passes' wall time (serving runs on other cores than the GPU's work).
+the batcher's loop around its passes (~0.01): split per mode by nothing here. On a GPU the
+figures stay the passes' wall time (serving runs on other cores than the GPU's work).
 
 A mode's cost per committed token is the sum of its jobs' shares over the tokens they
 committed (a round: its accepted prefix, the bonus token and any unverified tokens it carried;
