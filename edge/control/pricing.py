@@ -51,6 +51,7 @@ The server smooths the price over about a second (cloud/price.py), so one slow p
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 
 from edge.control.costs import RoundCosts
@@ -76,28 +77,54 @@ MEASURED_SAVING = 0.05  # under a price, speculation is taken where the verifier
                         # runs keep the user's speed and the verifier's lockstep batch (held-out
                         # verizon/phone at 96 users: speculating 16% at a 0.975 ratio cost 1.08x
                         # cloud-only's CPU per token)
-DEARER_NEW_TEXT_EVERY = 4  # speculation measured dearer under a price: one new prompt in this
-                           # many is measured with speculative blocks (edge/control/adaptive.py)
+STALE_FIGURE_S = 10.0  # speculation measured dearer under a price: a new prompt is measured
+                      # with speculative blocks only once the speculate figure the controller
+                      # reads has not moved for this long (nobody speculates: the verifier's
+                      # figure froze), which the first new prompt after it renews for everyone.
+                      # Measuring one prompt in four kept 4% of the tokens speculating at 32
+                      # lte/phone users and cost 1.11-1.14x cloud-only's verifier CPU a token
+FLOOR_GAIN = 1.25     # measured dearer, speculation is taken for the speed floor only where it
+                      # is expected this much faster than the cloud run: under load the model
+                      # flatters a phone's rounds (64 lte/phone users: speculating 10-15% "for
+                      # the floor", users' p10 11.3 tok/s against cloud-only's 13.0)
 
 Score = Callable[[Option], float]
 Cost = Callable[[Option], float]  # the verifier's work per committed token, in cloud tokens
 
 
 class PriceResponse:
-    """One controller's answer to the price: its floor and its own jitter."""
+    """One controller's answer to the price: its floor, its own jitter and how long the
+    verifier's speculate figure has stood still."""
 
-    def __init__(self, min_tokens_per_s: float, rng: random.Random | None = None) -> None:
+    def __init__(self, min_tokens_per_s: float, rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.min_tokens_per_s = min_tokens_per_s  # client.min_tokens_per_s
         self.jitter = 1.0 + PRICE_JITTER * (2.0 * (rng or random.Random()).random() - 1.0)
-        self.generations = 0  # new prompts seen (measures_new_text)
+        self.clock = clock
+        self._figure: tuple[float | None, float] = (None, clock())  # (value, when it moved)
+
+    def watch(self, view: RoundView) -> None:
+        """Note the speculate figure the verifier said (each round)."""
+        value = view.token_ms[0]
+        if value != self._figure[0]:
+            self._figure = (value, self.clock())
+
+    def figure_stale(self) -> bool:
+        """The speculate figure has not moved for STALE_FIGURE_S."""
+        return self.clock() - self._figure[1] >= STALE_FIGURE_S
 
     def measures_new_text(self, view: RoundView) -> bool:
         """At a new prompt (view.round 0): whether to measure its text with speculative blocks.
-        Always, but while the verifier measures speculation dearer under a price only one
-        prompt in DEARER_NEW_TEXT_EVERY: its rate would not change the choice (the cloud), and
-        those rounds still keep the measured figures current."""
-        self.generations += 1
-        return not measured_dearer(view) or self.generations % DEARER_NEW_TEXT_EVERY == 1
+        Always, but while the verifier measures speculation dearer under a price only once its
+        figure is stale: its rate would not change the choice (the cloud), and those rounds
+        renew the figure for every session."""
+        self.watch(view)
+        if not measured_dearer(view):
+            return True
+        if not self.figure_stale():
+            return False
+        self._figure = (self._figure[0], self.clock())  # measured now: at most once a period
+        return True
 
     def choose(self, costs: RoundCosts, view: RoundView, specs: list[Option],
                cloud: Option | None, base: Score, running: str | None
@@ -119,11 +146,14 @@ class PriceResponse:
         ratio = measured_ratio(view.token_ms)
         switch = priced(base, view.price, self.jitter,
                         modelled(position_cost) if ratio is None else measured(ratio))
-        dearer = not_cheaper(ratio) and cloud in pool  # and the cloud keeps the floor
+        # speculation measured dearer per token, and the cloud keeps to the floor or is not
+        # clearly slower than speculating
+        dearer = not_cheaper(ratio) and cloud is not None and (
+            cloud in pool or best_speculation(specs, base).rate < FLOOR_GAIN * cloud.rate)
         if not pool:  # below the floor speed decides (the fastest, as at price 0)
             pool, score, switch = options, base, base
         spec = best_speculation([o for o in pool if o.kind == "speculate"] or specs, score)
-        if dearer:  # speculation measured dearer per token, and the cloud keeps to the floor
+        if dearer:
             return spec, cloud, score
         ranked = staying(switch, running)
         if cloud is None or cloud not in pool or (spec in pool and ranked(cloud) <= ranked(spec)):

@@ -110,20 +110,55 @@ def test_the_measured_cost_of_each_option():
     assert cost(Option("speculate", 1.0, 0.02, 1.0, k=0)) == 1.0  # a 1-token step, as a cloud's
 
 
-def test_new_prompts_are_measured_less_while_speculation_reads_dearer():
+def test_new_prompts_are_measured_again_only_once_the_figure_is_stale():
     """A new prompt's text is measured with speculative blocks every time, but while the
-    verifier measures speculation dearer under a price only one prompt in
-    DEARER_NEW_TEXT_EVERY (enough rounds to keep the figures current)."""
+    verifier measures speculation dearer under a price only once the speculate figure has
+    stood still for STALE_FIGURE_S (a prompt every second here, the figure frozen: at 10, 20
+    and 30 s, each controller at most once a period); a figure that keeps moving (someone
+    speculates) is never stale."""
     from edge.control.policy import RoundView
-    from edge.control.pricing import DEARER_NEW_TEXT_EVERY, PriceResponse
+    from edge.control.pricing import STALE_FIGURE_S, PriceResponse
 
-    def measured_prompts(price, token_ms, prompts=4 * DEARER_NEW_TEXT_EVERY):
-        pricing = PriceResponse(10.0, random.Random(0))
-        view = RoundView(round=0, generated=0, remaining=48, max_k=16, link_state="up",
-                         sampling=False, history=[], price=price, token_ms=token_ms)
-        return sum(pricing.measures_new_text(view) for _ in range(prompts))
+    def measured_prompts(price, token_ms, prompts=40, moving=False):
+        clock = FakeClock()
+        pricing = PriceResponse(10.0, random.Random(0), clock=clock)
+        count = 0
+        for i in range(prompts):
+            figures = (token_ms[0] + 0.001 * i, token_ms[1]) if moving else token_ms
+            view = RoundView(round=0, generated=0, remaining=48, max_k=16, link_state="up",
+                             sampling=False, history=[], price=price, token_ms=figures)
+            count += pricing.measures_new_text(view)
+            clock.t += 1.0
+        return count
 
-    assert measured_prompts(1.0, PHONE_DEARER) == 4
-    assert measured_prompts(0.0, PHONE_DEARER) == 4 * DEARER_NEW_TEXT_EVERY
-    assert measured_prompts(1.0, LAPTOP_CHEAPER) == 4 * DEARER_NEW_TEXT_EVERY
-    assert measured_prompts(1.0, (None, None)) == 4 * DEARER_NEW_TEXT_EVERY
+    assert STALE_FIGURE_S == 10.0
+    assert measured_prompts(1.0, PHONE_DEARER) == 3
+    assert measured_prompts(1.0, PHONE_DEARER, moving=True) == 0
+    assert measured_prompts(0.0, PHONE_DEARER) == 40
+    assert measured_prompts(1.0, LAPTOP_CHEAPER) == 40
+    assert measured_prompts(1.0, (None, None)) == 40
+
+
+def test_measured_dearer_under_load_the_cloud_takes_the_rest_of_the_response():
+    """From LOADED_PRICE with speculation measured dearer, a cloud run is the whole rest of
+    the response (no gap between runs to leave the verifier's lockstep batch); measured
+    cheaper, the runs stay PRICED_RUN_S long."""
+    from edge.control.policy import RoundView
+
+    policy = adaptive(cloud_generate=True)
+    run(policy, LTE, PHONE, 30, random.Random(1), price=1.0, floor=10.0,
+        token_ms=PHONE_DEARER)  # the link and the cloud's pace measured
+    view = RoundView(round=5, generated=100, remaining=700, max_k=32, link_state="up",
+                     sampling=False, history=[], price=1.0, min_tokens_per_s=10.0,
+                     token_ms=PHONE_DEARER)
+    assert policy.plan(view).cloud_generate == 700
+    priced_run = policy.cloud_option(RoundView(**{**view.__dict__, "token_ms": (0.5, 1.15)}))
+    assert priced_run.n < 700
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
