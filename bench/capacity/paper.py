@@ -19,7 +19,8 @@ lambda * D / B:
     C = z + R,  R = (1 - rho) * window + rho * D / 2 + S(B, n)    (or N * D / max_batch past
                                                                   the verifier's throughput)
 
-and a user's TPOT is (z_q + R) / tau at its own z quantile q. Cloud runs: every user is in every
+and a user's TPOT is (z_q + R) / tau at its own z quantile q (speculation: the p50's times the
+measured spread, UserMode.spread). Cloud runs: every user is in every
 pass (or every N / max_batch-th), TPOT = N / B * D + the link's jitter. A configuration holds N
 users when at least GOOD_SHARE of its requests are good, as a run counts them
 (bench/capacity/stats.py: TTFT and TPOT both within their SLOs):
@@ -82,6 +83,11 @@ class UserMode:
     ttft_link_p50_s: float | None = None  # ... TTFT p50's (None: TTFT by its p90 alone)
     fades: dict[str, float] = field(default_factory=dict)  # TPOT SLO (s, as text) -> the share
                                                            # of requests failed at any load
+    spread: dict[str, float] = field(default_factory=dict)  # quantile -> TPOT there over TPOT
+    # p50, where the spread scales with the TPOT (z_s then has p50 alone): a speculating user's
+    # tokens a round differ by prompt, so its TPOT p90 / p50 holds at any load (wifi/laptop,
+    # fixed k = 4: 1.37-1.45 from 1 to 96 users; adaptive 1.74-1.89), where a cloud run's
+    # spread is the link's jitter, added to a TPOT that grows with load (1.04 -> 1.13)
 
 
 @dataclass
@@ -167,6 +173,7 @@ class Model:
                 response: float, cycle: float, busy: float) -> Load:
         tpot = {q: max((z * 1000.0 + response) / option.tau, 0.0) / 1000.0
                 for q, z in option.z_s.items()}
+        tpot.update({q: tpot["p50"] * ratio for q, ratio in option.spread.items()})
         verifier = busy * period / 2 + period + response
         engine = self.engine.pass_ms + self.engine.job_ms * batch
         return Load(users, batch, pass_ms, period, response, busy, tpot,

@@ -9,7 +9,7 @@ neighbouring counts of that sweep (0 below its first).
 from __future__ import annotations
 
 from bench.capacity.paper import Model
-from bench.capacity.paper_inputs import cells_of, options_for
+from bench.capacity.paper_inputs import cells_of, controller_for, options_for
 from bench.capacity.stats import PointRow, capacity_of
 
 CHECKED = ("cloud-only", "fixed-k4", "adaptive")
@@ -28,10 +28,16 @@ def validate(model: Model, rows: list[dict], slos: list[float], ttft_slo: float,
     for cell in cells_of(rows):
         options = options_for(model, rows, cell, ks, ttft_slo_s=ttft_slo)
         by_name = {o.name: o for o in options}
+        controller = controller_for(model, rows, cell, ks, ttft_slo_s=ttft_slo)
+        if controller is not None:
+            by_name["adaptive"] = controller
         for config in CHECKED:
             counts = sorted({r["users"] for r in rows
                              if (r["channel"], r["device"], r["config"]) == (*cell, config)})
-            chosen = options if config == "adaptive" else [by_name[config]]
+            if not counts or config not in by_name and config != "adaptive":
+                continue
+            # the controller as measured; without its rows, its aim: the best option at each N
+            chosen = [by_name[config]] if config in by_name else options
             for slo in slos:
                 def meets(users: int) -> bool:
                     return any(model.meets(o, users, slo, ttft_slo) for o in chosen)

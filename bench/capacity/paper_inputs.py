@@ -24,6 +24,7 @@ from bench.capacity.paper import Engine, Model, UserMode, Workload
 BEHAVIOUR = Path(__file__).with_name("draft_behaviour.json")
 FIXED_K = 4
 LIGHT_USERS = 4   # rows up to this many users calibrate a cell (the verifier mostly idle)
+CLOUD_LIKE = 0.9  # an adaptive run at this many passes per token or more lets the cloud generate
 
 
 def load_rows(paths: list[Path]) -> list[dict]:
@@ -78,6 +79,27 @@ def options_for(model: Model, rows: list[dict], cell: tuple[str, str], ks: list[
     return options
 
 
+def controller_for(model: Model, rows: list[dict], cell: tuple[str, str], ks: list[int],
+                   known: dict | None = None,
+                   ttft_slo_s: float = CapacityOptions.slo_ttft_s) -> UserMode | None:
+    """The adaptive controller as the run measured it, calibrated like cloud-only and fixed k
+    on its own unloaded rows (None without them): under load its priced choice is not the best
+    fixed k (options_for) but the cheapest per token that keeps the floor, and its long blocks
+    spread TPOT wider than fixed k = 4's (wifi/laptop at 32 users: TPOT p90 51 ms against 39,
+    p50 both 28). Its rows' passes per token say which rounds it runs: cloud runs at
+    CLOUD_LIKE or more, else blocks of the k whose tau (options_for's) comes nearest."""
+    light = _light(rows, cell, "adaptive")
+    if not light:
+        return None
+    passes = _mean([r["passes_per_token"] for r in light], light)
+    if passes >= CLOUD_LIKE:
+        return _calibrated(model, UserMode("adaptive", 0, 1.0, {}), light, ttft_slo_s)
+    tau = 1.0 / passes
+    by_k = {o.k: o.tau for o in options_for(model, rows, cell, ks, known, ttft_slo_s) if o.k}
+    k = min(by_k, key=lambda k: abs(by_k[k] - tau)) if by_k else FIXED_K
+    return _calibrated(model, UserMode("adaptive", k, tau, {}), light, ttft_slo_s)
+
+
 def _calibrated(model: Model, option: UserMode, rows: list[dict],
                 ttft_slo_s: float) -> UserMode:
     """The option's z (and TTFT's link part, p50 and p90) such that the model at each row's N
@@ -100,7 +122,11 @@ def _calibrated(model: Model, option: UserMode, rows: list[dict],
         ttft["p90"].append(p90 - verifier_ttft)
         ttft["p50"].append((row.get("ttft_p50_s") or p90) - verifier_ttft)
     has_p50 = all(row.get("ttft_p50_s") for row in rows)
-    calibrated = replace(option, z_s={q: _mean(v, rows) for q, v in z.items()},
+    z_s, spread = {q: _mean(v, rows) for q, v in z.items()}, {}
+    if option.k > 0:  # speculation: the spread scales with the TPOT (UserMode.spread)
+        z_s = {"p50": z_s["p50"]}
+        spread = {"p90": _mean([r["tpot_p90_s"] / r["tpot_p50_s"] for r in rows], rows)}
+    calibrated = replace(option, z_s=z_s, spread=spread,
                          ttft_link_s=_mean(ttft["p90"], rows),
                          ttft_link_p50_s=_mean(ttft["p50"], rows) if has_p50 else None)
     return replace(calibrated, fades=_fades(model, calibrated, rows, ttft_slo_s))

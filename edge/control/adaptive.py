@@ -23,9 +23,11 @@ Options, each with expected committed tokens N, wall seconds T and target passes
   CLOUD_LATENCY_SHARE of the time, at least `cloud_generate_tokens`, at most what is left;
   when speculation is not worth measuring again (below), at least CLOUD_SETTLED_RUN_S of the
   stream, since nothing would be re-decided at the shorter run's end; at a price from
-  LOADED_PRICE at least PRICED_RUN_S (the first run PRICED_FIRST_RUN tokens), and the rest of
-  the response where the verifier measures speculation dearer, so that a saturated verifier's
-  cloud runs stay in its lockstep batch as cloud-only's do.
+  LOADED_PRICE at least PRICED_RUN_S (the first run PRICED_FIRST_RUN tokens), so that a
+  saturated verifier's cloud runs stay in its lockstep batch as cloud-only's do; at any price
+  where the verifier measures speculation dearer, the rest of the response (at 32 lte/phone
+  users, price 0.65-0.74, speculating nothing, runs cut where the price dipped below
+  LOADED_PRICE cost 1.06x cloud-only's CPU a token).
   The plan keeps speculation's k, which the loop drafts if the verifier does not serve
   Generate (the controller then asks again only CLOUD_RETRY_ROUNDS rounds later). When the
   last plan was a cloud run the next generation's draft is not prefilled (prefill_first).
@@ -63,8 +65,8 @@ measured dearer than cloud runs by the verifier (edge/control/pricing.py) neithe
 for a new prompt once the verifier's speculate figure has stood still for STALE_FIGURE_S: enough
 rounds to keep the measured figures current (measured on lte/phone at 32-64 users with every new
 prompt measured: 17-19% of the verifier's tokens speculated, at 1.3-1.5x a cloud-run token's
-cost; with one prompt in four 4% at 32 users, 1.11-1.14x cloud-only's CPU a token), and from
-LOADED_PRICE its cloud runs take the rest of the response.
+cost; with one prompt in four 4% at 32 users, 1.11-1.14x cloud-only's CPU a token), and its
+cloud runs take the rest of the response.
 
 Confidence stop, from the same model: one more draft token at confidence p adds beta(p)
 expected tokens (beta = acceptance vs the draft's top probability, at best — when every earlier
@@ -88,8 +90,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge.control.costs import RoundCosts, save_acceptance
-from edge.control.options import (LOADED_PRICE, Option, adapt_q_entries, best_speculation,
-                                  cloud_run, confidence_floor, drafting_block, first_cloud_run,
+from edge.control.options import (Option, adapt_q_entries, best_speculation, cloud_run,
+                                  confidence_floor, drafting_block, first_cloud_run,
                                   shortest_run_s, speculations, within_budget, worth_measuring)
 from edge.control.pass_cap import PassCap
 from edge.control.policy import DraftPolicy, Plan, RoundView, register_policy
@@ -162,8 +164,8 @@ class AdaptivePolicy(DraftPolicy):
                 and view.remaining > 1 and not view.fast):
             return None
         fewest, shortest_s = self.cfg.cloud_generate_tokens, shortest_run_s(view.price, settled)
-        if view.price >= LOADED_PRICE and measured_dearer(view):
-            fewest = view.remaining  # nothing to re-decide: stay in the lockstep batch
+        if measured_dearer(view):  # under a price: nothing to re-decide, so stay in the batch
+            fewest = view.remaining
         if not self.costs.link.measured:
             return first_cloud_run(self.cap, view.remaining, fewest, view.price)
         return cloud_run(self.costs, self.cap, view.remaining, fewest, shortest_s)
