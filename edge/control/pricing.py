@@ -22,7 +22,8 @@ so as the price rises the controller moves to fewer passes per token (speculatio
 cloud runs, longer blocks), and at price 1 it takes about the cheapest option that meets the
 floor. When no option is expected to meet it, the fastest is taken (the floor is the user's, the
 price the verifier's: a user is never made slower than F to save passes, and below F speed
-decides). The speed a cloud run is expected at is also held to the verifier's measured time per
+decides), but a cloud run is left for speculation only where that is expected FLOOR_GAIN
+faster: under load the model's rates flatter a phone's rounds. The speed a cloud run is expected at is also held to the verifier's measured time per
 pass: a pace measured while the verifier idled would flatter the cloud once it is loaded.
 
 Speculate or cloud run, measured: the position cost prices a round by what its extra
@@ -35,7 +36,8 @@ mode (RoundView.token_ms: Verdict.speculate_token_ms and cloud_token_ms, the ses
 where it has them, the verifier's where not; cloud/token_cost.py), the choice between the two
 weighs a cloud run (and a k = 0 round, a 1-token step too) at cost 1 and a drafted block at
 their ratio r = speculate / cloud, and speculation is taken only where r < 1 - MEASURED_SAVING
-(clearly cheaper) or where no cloud run keeps to the floor. The
+(clearly cheaper) or where no cloud run keeps to the floor and speculation is expected
+FLOOR_GAIN faster. The
 block length is still chosen by the position cost (the measured figures are of the blocks
 drafted so far, not of each k). Until both figures are said the position cost decides both.
 
@@ -83,10 +85,12 @@ STALE_FIGURE_S = 10.0  # speculation measured dearer under a price: a new prompt
                       # figure froze), which the first new prompt after it renews for everyone.
                       # Measuring one prompt in four kept 4% of the tokens speculating at 32
                       # lte/phone users and cost 1.11-1.14x cloud-only's verifier CPU a token
-FLOOR_GAIN = 1.25     # measured dearer, speculation is taken for the speed floor only where it
-                      # is expected this much faster than the cloud run: under load the model
-                      # flatters a phone's rounds (64 lte/phone users: speculating 10-15% "for
-                      # the floor", users' p10 11.3 tok/s against cloud-only's 13.0)
+FLOOR_GAIN = 1.25     # measured dearer, or with no option keeping to the floor, speculation
+                      # is taken over a cloud run for speed only where it is expected this much
+                      # faster: under load the model flatters a phone's rounds (64 lte/phone
+                      # users: speculating 10-15% "for the floor", users' p10 11.3 tok/s against
+                      # cloud-only's 13.0; 96 users, below everyone's floor: 31-53% speculated,
+                      # p10 6.3-7.7 against 8.1-8.6, 1.07-1.11x cloud-only's CPU a token)
 
 Score = Callable[[Option], float]
 Cost = Callable[[Option], float]  # the verifier's work per committed token, in cloud tokens
@@ -146,14 +150,16 @@ class PriceResponse:
         ratio = measured_ratio(view.token_ms)
         switch = priced(base, view.price, self.jitter,
                         modelled(position_cost) if ratio is None else measured(ratio))
-        # speculation measured dearer per token, and the cloud keeps to the floor or is not
-        # clearly slower than speculating
-        dearer = not_cheaper(ratio) and cloud is not None and (
-            cloud in pool or best_speculation(specs, base).rate < FLOOR_GAIN * cloud.rate)
+        # The cloud stays where speculation would not clearly speed the user up (by
+        # FLOOR_GAIN) and either the verifier measures it dearer, or no option keeps to the
+        # floor (there the user's speed decides, and only a clear gain is one).
+        slower = cloud is not None and best_speculation(specs, base).rate < FLOOR_GAIN * cloud.rate
+        stays = slower and (not pool or not_cheaper(ratio)) or \
+            not_cheaper(ratio) and cloud in pool  # measured dearer; the cloud keeps the floor
         if not pool:  # below the floor speed decides (the fastest, as at price 0)
             pool, score, switch = options, base, base
         spec = best_speculation([o for o in pool if o.kind == "speculate"] or specs, score)
-        if dearer:
+        if stays:
             return spec, cloud, score
         ranked = staying(switch, running)
         if cloud is None or cloud not in pool or (spec in pool and ranked(cloud) <= ranked(spec)):

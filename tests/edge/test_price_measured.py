@@ -93,6 +93,18 @@ def test_the_floor_keeps_speculation_the_cloud_cannot_meet():
     assert totals(log[20:])[0] >= 10.0
 
 
+def test_below_everyones_floor_only_a_clear_gain_leaves_the_cloud():
+    """A saturated verifier (120 ms a pass) where no option keeps to the floor: speed decides,
+    but a phone whose speculation the model expects only ~1.1x faster than the cloud lets the
+    cloud generate even where speculation reads cheaper (under load the model flatters its
+    rounds: FLOOR_GAIN); a laptop's, several times faster, speculates."""
+    saturated = Link(latency_s=0.07, server_s=0.12)
+    _, phone = plans(saturated, PHONE, 1.0, (0.8, 1.0), floor=1000.0)
+    assert cloudy(phone[20:]) >= 0.6 * 60, cloudy(phone[20:])
+    _, laptop = plans(saturated, LAPTOP, 1.0, (0.8, 1.0), floor=1000.0)
+    assert cloudy(laptop[20:]) == 0, cloudy(laptop[20:])
+
+
 def test_one_mode_unmeasured_leaves_the_position_cost_model():
     """Until the verifier has measured both modes the position-cost model decides: plan for
     plan the same as with no figure."""
