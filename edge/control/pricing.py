@@ -23,7 +23,9 @@ cloud runs, longer blocks), and at price 1 it takes about the cheapest option th
 floor. When no option is expected to meet it, the fastest is taken (the floor is the user's, the
 price the verifier's: a user is never made slower than F to save passes, and below F speed
 decides), but a cloud run is left for speculation only where that is expected FLOOR_GAIN
-faster: under load the model's rates flatter a phone's rounds. The speed a cloud run is expected at is also held to the verifier's measured time per
+faster: under load the model's rates flatter a phone's rounds, and from LOADED_PRICE a
+speculative round is expected to wait LOADED_WAIT_PASSES of the verifier's pass period (as the cloud's pace measures
+it) whatever its own last rounds said. The speed a cloud run is expected at is also held to the verifier's measured time per
 pass: a pace measured while the verifier idled would flatter the cloud once it is loaded.
 
 Speculate or cloud run, measured: the position cost prices a round by what its extra
@@ -55,9 +57,10 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from edge.control.costs import RoundCosts
-from edge.control.options import Option, best_speculation
+from edge.control.options import LOADED_PRICE, Option, best_speculation
 from edge.control.policy import RoundView, TokenMs
 
 PRICE_WEIGHT = 8.0    # the exponent at price 1: a 10% cheaper option wins unless the other is
@@ -91,6 +94,14 @@ FLOOR_GAIN = 1.25     # measured dearer, or with no option keeping to the floor,
                       # users: speculating 10-15% "for the floor", users' p10 11.3 tok/s against
                       # cloud-only's 13.0; 96 users, below everyone's floor: 31-53% speculated,
                       # p10 6.3-7.7 against 8.1-8.6, 1.07-1.11x cloud-only's CPU a token)
+
+LOADED_WAIT_PASSES = 1.5  # from LOADED_PRICE a speculative round is expected to take at least this
+                         # many of the cloud's measured times between tokens (the verifier's
+                         # pass period now) in the verifier: half the pass in progress, then its
+                         # own, longer one. The server time a controller's own rounds measured
+                         # dates from its last speculation, often at a lighter load (96
+                         # verizon/phone users: speculation expected 1.25x+ faster than cloud
+                         # runs, 43% speculated, users p50 8.6 tok/s against cloud-only's 9.1)
 
 Score = Callable[[Option], float]
 Cost = Callable[[Option], float]  # the verifier's work per committed token, in cloud tokens
@@ -143,6 +154,8 @@ class PriceResponse:
         if not costs.link.measured:
             return best_speculation(specs, score), None, score
         cloud = paced_by_verifier(costs, cloud) if cloud is not None else None
+        if view.price >= LOADED_PRICE:  # saturated: passes run back to back
+            specs = waiting_for_passes(costs, specs)
         floor = self.min_tokens_per_s if view.min_tokens_per_s is None \
             else view.min_tokens_per_s
         options = specs + ([cloud] if cloud is not None else [])
@@ -232,6 +245,16 @@ def staying(score: Score, incumbent: str | None) -> Score:
 def meeting_floor(options: list[Option], floor: float) -> list[Option]:
     """The options expected at least `floor` tokens per second (none: an empty list)."""
     return [o for o in options if o.rate >= floor]
+
+
+def waiting_for_passes(costs: RoundCosts, specs: list[Option]) -> list[Option]:
+    """Speculations whose rounds spend at least LOADED_WAIT_PASSES of the cloud's measured
+    pass period in the verifier (none measured: as they are)."""
+    period = costs.gen_s.value
+    extra = 0.0 if period is None else LOADED_WAIT_PASSES * period - costs.link.server_s()
+    if extra <= 0.0:
+        return specs
+    return [replace(o, seconds=o.seconds + extra) for o in specs]
 
 
 def paced_by_verifier(costs: RoundCosts, cloud: Option) -> Option:

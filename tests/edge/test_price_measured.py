@@ -105,6 +105,24 @@ def test_below_everyones_floor_only_a_clear_gain_leaves_the_cloud():
     assert cloudy(laptop[20:]) == 0, cloudy(laptop[20:])
 
 
+def test_a_loaded_verifiers_rounds_wait_for_its_passes():
+    """From LOADED_PRICE a speculative round is expected to spend LOADED_WAIT_PASSES of the
+    pass period the cloud's pace measures (110 ms: 96 phone users) in the verifier, whatever the
+    server time its own last rounds measured (20 ms, at a lighter load)."""
+    from edge.control.pricing import LOADED_WAIT_PASSES, waiting_for_passes
+
+    policy = adaptive(cloud_generate=True)
+    costs = policy.costs
+    specs = [Option("speculate", 3.0, 0.2, 1.0, k=4)]
+    assert waiting_for_passes(costs, specs) == specs  # no cloud pace measured
+    costs.link.server.add(0.020, 1.0)
+    costs.gen_s.add(0.110, 1.0)
+    [waiting] = waiting_for_passes(costs, specs)
+    assert waiting.seconds == pytest.approx(0.2 + LOADED_WAIT_PASSES * 0.110 - 0.020)
+    costs.link.server.add(0.5, 1.0)  # its rounds measured a longer wait: as they are
+    assert waiting_for_passes(costs, specs) == specs
+
+
 def test_one_mode_unmeasured_leaves_the_position_cost_model():
     """Until the verifier has measured both modes the position-cost model decides: plan for
     plan the same as with no figure."""
