@@ -88,12 +88,14 @@ STALE_FIGURE_S = 10.0  # speculation measured dearer under a price: a new prompt
                       # figure froze), which the first new prompt after it renews for everyone.
                       # Measuring one prompt in four kept 4% of the tokens speculating at 32
                       # lte/phone users and cost 1.11-1.14x cloud-only's verifier CPU a token
-FLOOR_GAIN = 1.25     # measured dearer, or with no option keeping to the floor, speculation
+FLOOR_GAIN = 2.0      # measured dearer, or with no option keeping to the floor, speculation
                       # is taken over a cloud run for speed only where it is expected this much
                       # faster: under load the model flatters a phone's rounds (64 lte/phone
                       # users: speculating 10-15% "for the floor", users' p10 11.3 tok/s against
-                      # cloud-only's 13.0; 96 users, below everyone's floor: 31-53% speculated,
-                      # p10 6.3-7.7 against 8.1-8.6, 1.07-1.11x cloud-only's CPU a token)
+                      # cloud-only's 13.0; 96 verizon/phone users, below everyone's floor:
+                      # expected at 13-14 tok/s, run at 8; with a gain of 1.25 still 25-43%
+                      # speculated, 0.90-1.11x cloud-only's CPU a token). A laptop's speculation
+                      # keeps the floor, where this rule does not apply
 
 LOADED_WAIT_PASSES = 1.5  # from LOADED_PRICE a speculative round is expected to take at least this
                          # many of the cloud's measured times between tokens (the verifier's
