@@ -95,7 +95,7 @@ from edge.control.options import (Option, adapt_q_entries, best_speculation, clo
                                   shortest_run_s, speculations, within_budget, worth_measuring)
 from edge.control.pass_cap import PassCap
 from edge.control.policy import DraftPolicy, Plan, RoundView, register_policy
-from edge.control.pricing import LoadedPace, PriceResponse, measured_dearer
+from edge.control.pricing import PriceResponse, measured_dearer
 from edge.record import RoundRecord
 
 if TYPE_CHECKING:
@@ -131,7 +131,6 @@ class AdaptivePolicy(DraftPolicy):
         self.cfg = config.adaptive
         self.clock = clock
         self.pricing = PriceResponse(config.min_tokens_per_s, clock=clock)  # floor, jitter
-        self.pace = LoadedPace(config.adaptive.rtt_alpha)  # speculation's pace under load
         self.device = config.device
         self.max_q_entries = config.max_q_entries
         self.draft_ahead = config.draft_ahead
@@ -177,7 +176,7 @@ class AdaptivePolicy(DraftPolicy):
 
     def choose(self, view: RoundView) -> tuple[Option, Option | None]:
         """(the best speculation, the cloud run if better) by tokens/s, a cap's or a price's."""
-        specs = self.pace.apply(self.speculations(view), view.price)
+        specs = self.speculations(view)
         cloud, measured = self.cloud_option(view), self.costs.link.measured
         self.last_choice["cloud_rate"] = cloud.rate if cloud is not None and measured else None
         if view.price > 0:  # passes are not free
@@ -226,8 +225,6 @@ class AdaptivePolicy(DraftPolicy):
                                 rate=rate, rtt_s=costs.link.net_rtt(costs.block_bytes(k)),
                                 t_draft=costs.t_draft())
         self._t_plan = self.clock()
-        self.pace.planned(None if cloud is not None or not costs.link.measured else spec,
-                          view.price)  # (an unmeasured link's model expects nothing yet)
         if cloud is not None:
             # k: what the loop drafts instead if this verifier does not serve Generate
             self._planned = Plan(k=k, cloud_generate=cloud.n)
@@ -268,7 +265,6 @@ class AdaptivePolicy(DraftPolicy):
             self.cloud_retry_at = self.rounds_seen + CLOUD_FAILED_RETRY_ROUNDS
         self.rounds_seen += 1
         self.costs.observe(record, planned, wall)
-        self.pace.observe(record, wall)
         self.cap.observe(record)
         if record.mode == "verify":
             self.zero_rounds = self.zero_rounds + 1 if record.drafted == 0 else 0

@@ -60,10 +60,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from edge.control.costs import RoundCosts
-from edge.control.link_estimate import Ewma
 from edge.control.options import LOADED_PRICE, Option, best_speculation
 from edge.control.policy import RoundView, TokenMs
-from edge.record import RoundRecord
 
 PRICE_WEIGHT = 8.0    # the exponent at price 1: a 10% cheaper option wins unless the other is
                       # more than 1.1^8 = 2.1x faster, speculation at half a cloud run's cost
@@ -106,8 +104,6 @@ LOADED_WAIT_PASSES = 1.5  # from LOADED_PRICE a speculative round is expected to
                          # dates from its last speculation, often at a lighter load (96
                          # verizon/phone users: speculation expected 1.25x+ faster than cloud
                          # runs, 43% speculated, users p50 8.6 tok/s against cloud-only's 9.1)
-
-MAX_SLOWDOWN = 4.0  # LoadedPace stretches a speculation's expected time by at most this
 
 Score = Callable[[Option], float]
 Cost = Callable[[Option], float]  # the verifier's work per committed token, in cloud tokens
@@ -261,48 +257,6 @@ def waiting_for_passes(costs: RoundCosts, specs: list[Option]) -> list[Option]:
     if extra <= 0.0:
         return specs
     return [replace(o, seconds=o.seconds + extra) for o in specs]
-
-
-class LoadedPace:
-    """How long a controller's speculative rounds took under load against what the model
-    expected (moving sums of wall and expected seconds): from LOADED_PRICE its speculations
-    are expected to take no less. The model's round time rests on the server time its own
-    rounds last measured, often at a lighter load; under a saturated verifier it flatters a
-    phone's rounds (96 verizon/phone users: expected at 13-14 tok/s, run at 8), a gap that
-    waiting for passes (LOADED_WAIT_PASSES) closes only in part. Time only: the acceptance has
-    its own estimate (edge/control/acceptance.py)."""
-
-    def __init__(self, alpha: float) -> None:
-        self.alpha = alpha
-        self.wall, self.model = Ewma(), Ewma()  # seconds a round: taken, expected
-        self.expected: Option | None = None      # the planned speculation, under load
-
-    def planned(self, option: Option | None, price: float) -> None:
-        """The round just planned: a speculation under load (kept), or anything else."""
-        loaded = option is not None and option.kind == "speculate" and price >= LOADED_PRICE
-        self.expected = option if loaded else None
-
-    def observe(self, record: RoundRecord, wall: float | None) -> None:
-        """The planned round's record and its wall time (plan to record)."""
-        expected, self.expected = self.expected, None
-        if expected is None or not wall or record.mode != "verify" or \
-                record.accepted is None or record.attempts != 1:
-            return
-        self.wall.add(wall, self.alpha)
-        self.model.add(expected.seconds, self.alpha)
-
-    def slowdown(self) -> float | None:
-        """Taken over expected seconds a round (None before a round under load)."""
-        if not self.wall.value or not self.model.value:
-            return None
-        return self.wall.value / self.model.value
-
-    def apply(self, specs: list[Option], price: float) -> list[Option]:
-        """specs no faster than measured under load (from LOADED_PRICE; as they are below)."""
-        slowdown = self.slowdown()
-        if price < LOADED_PRICE or slowdown is None or slowdown <= 1.0:
-            return specs
-        return [replace(o, seconds=o.seconds * min(slowdown, MAX_SLOWDOWN)) for o in specs]
 
 
 def paced_by_verifier(costs: RoundCosts, cloud: Option) -> Option:

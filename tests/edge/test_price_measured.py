@@ -124,43 +124,6 @@ def test_a_loaded_verifiers_rounds_wait_for_its_passes():
     assert waiting_for_passes(costs, specs) == specs
 
 
-def test_speculation_under_load_is_expected_as_slow_as_it_ran():
-    """LoadedPace: rounds planned from LOADED_PRICE that took 1.7x the model's time (a phone at
-    96 users) stretch every speculation's expected time by 1.7 from LOADED_PRICE; below it, and
-    before any such round, the options are as the model says; cloud runs and rounds planned
-    below LOADED_PRICE teach it nothing."""
-    from edge.control.pricing import LoadedPace
-    from edge.record import RoundRecord
-
-    def verified(committed=3):
-        return RoundRecord(index=0, k_asked=4, drafted=4, accepted=committed - 1, mode="verify",
-                           verified=True, committed=committed, target_passes=1)
-
-    pace, spec = LoadedPace(alpha=0.3), Option("speculate", 3.0, 0.2, 1.0, k=4)
-    assert pace.apply([spec], 1.0) == [spec]
-    pace.planned(spec, LOADED_PRICE / 2)
-    pace.observe(verified(), 1.0)         # planned below LOADED_PRICE: not counted
-    pace.planned(None, 1.0)
-    pace.observe(verified(), 1.0)         # a cloud run's plan: not counted
-    assert pace.slowdown() is None
-    for committed in (1, 5, 3):           # the acceptance's luck does not count, the time does
-        pace.planned(spec, 1.0)
-        pace.observe(verified(committed), 0.34)
-    assert pace.slowdown() == pytest.approx(1.7)
-    [slow] = pace.apply([spec], 1.0)
-    assert slow.seconds == pytest.approx(0.34) and slow.tokens == spec.tokens
-    assert pace.apply([spec], LOADED_PRICE / 2) == [spec]
-
-
-def test_a_controller_whose_model_holds_is_not_slowed():
-    """The synthetic link does what the model expects: under load the measured slowdown is
-    about 1 and speculation is chosen as before."""
-    policy = adaptive(cloud_generate=True)
-    run(policy, WIFI, LAPTOP, 60, random.Random(2), price=1.0, floor=10.0,
-        token_ms=LAPTOP_CHEAPER)
-    assert policy.pace.slowdown() == pytest.approx(1.0, abs=0.15)
-
-
 def test_one_mode_unmeasured_leaves_the_position_cost_model():
     """Until the verifier has measured both modes the position-cost model decides: plan for
     plan the same as with no figure."""
