@@ -61,7 +61,8 @@ NEW_TEXT_KEEP of the acceptance evidence of the prompts before it: prompts diffe
 rounds of one prompt do. One rejected first block (0.7 -> 0.45 at position 0) must not make
 speculation look too slow ever to be measured again where the prior says it may win (measured
 on wifi/laptop before: stuck on cloud runs at 0.78x fixed k = 16). Under a price with speculation
-measured dearer than cloud runs by the verifier (edge/control/pricing.py) neither is done but
+measured dearer than cloud runs by the verifier, or from LOADED_PRICE (edge/control/pricing.py)
+neither is done but
 for a new prompt once the verifier's speculate figure has stood still for STALE_FIGURE_S: enough
 rounds to keep the measured figures current (measured on lte/phone at 32-64 users with every new
 prompt measured: 17-19% of the verifier's tokens speculated, at 1.3-1.5x a cloud-run token's

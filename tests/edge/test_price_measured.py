@@ -145,8 +145,8 @@ def test_the_measured_cost_of_each_option():
 
 def test_new_prompts_are_measured_again_only_once_the_figure_is_stale():
     """A new prompt's text is measured with speculative blocks every time, but while the
-    verifier measures speculation dearer under a price only once the speculate figure has
-    stood still for STALE_FIGURE_S (a prompt every second here, the figure frozen: at 10, 20
+    verifier measures speculation dearer under a price, or is saturated (LOADED_PRICE), only
+    once the speculate figure has stood still for STALE_FIGURE_S (a prompt every second here, the figure frozen: at 10, 20
     and 30 s, each controller at most once a period); a figure that keeps moving (someone
     speculates) is never stale."""
     from edge.control.policy import RoundView
@@ -168,8 +168,9 @@ def test_new_prompts_are_measured_again_only_once_the_figure_is_stale():
     assert measured_prompts(1.0, PHONE_DEARER) == 3
     assert measured_prompts(1.0, PHONE_DEARER, moving=True) == 0
     assert measured_prompts(0.0, PHONE_DEARER) == 40
-    assert measured_prompts(1.0, LAPTOP_CHEAPER) == 40
-    assert measured_prompts(1.0, (None, None)) == 40
+    assert measured_prompts(1.0, LAPTOP_CHEAPER) == 3  # saturated: as stale as dearer
+    assert measured_prompts(LOADED_PRICE / 2, LAPTOP_CHEAPER) == 40
+    assert measured_prompts(LOADED_PRICE / 2, (None, None)) == 40
 
 
 def test_measured_dearer_under_load_the_cloud_takes_the_rest_of_the_response():
