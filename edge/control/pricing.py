@@ -22,10 +22,7 @@ so as the price rises the controller moves to fewer passes per token (speculatio
 cloud runs, longer blocks), and at price 1 it takes about the cheapest option that meets the
 floor. When no option is expected to meet it, the fastest is taken (the floor is the user's, the
 price the verifier's: a user is never made slower than F to save passes, and below F speed
-decides), but a cloud run is left for speculation only where that is expected FLOOR_GAIN
-faster: under load the model's rates flatter a phone's rounds, and from LOADED_PRICE a
-speculative round is expected to wait LOADED_WAIT_PASSES of the verifier's pass period (as the cloud's pace measures
-it) whatever its own last rounds said. The speed a cloud run is expected at is also held to the verifier's measured time per
+decides). The speed a cloud run is expected at is also held to the verifier's measured time per
 pass: a pace measured while the verifier idled would flatter the cloud once it is loaded.
 
 Speculate or cloud run, measured: the position cost prices a round by what its extra
@@ -57,7 +54,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 from edge.control.costs import RoundCosts
 from edge.control.options import LOADED_PRICE, Option, best_speculation
@@ -88,22 +84,11 @@ STALE_FIGURE_S = 10.0  # speculation measured dearer under a price: a new prompt
                       # figure froze), which the first new prompt after it renews for everyone.
                       # Measuring one prompt in four kept 4% of the tokens speculating at 32
                       # lte/phone users and cost 1.11-1.14x cloud-only's verifier CPU a token
-FLOOR_GAIN = 2.0      # measured dearer, or with no option keeping to the floor, speculation
-                      # is taken over a cloud run for speed only where it is expected this much
-                      # faster: under load the model flatters a phone's rounds (64 lte/phone
-                      # users: speculating 10-15% "for the floor", users' p10 11.3 tok/s against
-                      # cloud-only's 13.0; 96 verizon/phone users, below everyone's floor:
-                      # expected at 13-14 tok/s, run at 8; with a gain of 1.25 still 25-43%
-                      # speculated, 0.90-1.11x cloud-only's CPU a token). A laptop's speculation
-                      # keeps the floor, where this rule does not apply
-
-LOADED_WAIT_PASSES = 1.5  # from LOADED_PRICE a speculative round is expected to take at least this
-                         # many of the cloud's measured times between tokens (the verifier's
-                         # pass period now) in the verifier: half the pass in progress, then its
-                         # own, longer one. The server time a controller's own rounds measured
-                         # dates from its last speculation, often at a lighter load (96
-                         # verizon/phone users: speculation expected 1.25x+ faster than cloud
-                         # runs, 43% speculated, users p50 8.6 tok/s against cloud-only's 9.1)
+FLOOR_GAIN = 2.0      # measured dearer, speculation is taken for the speed floor only where it
+                      # is expected this much faster than the cloud run: under load the model
+                      # flatters a phone's rounds (64 lte/phone users: speculating 10-15% "for
+                      # the floor", users' p10 11.3 tok/s against cloud-only's 13.0; 96
+                      # verizon/phone users: expected at 13-14 tok/s, run at 8)
 
 Score = Callable[[Option], float]
 Cost = Callable[[Option], float]  # the verifier's work per committed token, in cloud tokens
@@ -160,8 +145,6 @@ class PriceResponse:
         if not costs.link.measured:
             return best_speculation(specs, score), None, score
         cloud = paced_by_verifier(costs, cloud) if cloud is not None else None
-        if view.price >= LOADED_PRICE:  # saturated: passes run back to back
-            specs = waiting_for_passes(costs, specs)
         floor = self.min_tokens_per_s if view.min_tokens_per_s is None \
             else view.min_tokens_per_s
         options = specs + ([cloud] if cloud is not None else [])
@@ -169,16 +152,16 @@ class PriceResponse:
         ratio = measured_ratio(view.token_ms)
         switch = priced(base, view.price, self.jitter,
                         modelled(position_cost) if ratio is None else measured(ratio))
-        # The cloud stays where speculation would not clearly speed the user up (by
-        # FLOOR_GAIN) and either the verifier measures it dearer, or no option keeps to the
-        # floor (there the user's speed decides, and only a clear gain is one).
-        slower = cloud is not None and best_speculation(specs, base).rate < FLOOR_GAIN * cloud.rate
-        stays = slower and (not pool or not_cheaper(ratio)) or \
-            not_cheaper(ratio) and cloud in pool  # measured dearer; the cloud keeps the floor
+        # speculation measured dearer per token, and the cloud keeps to the floor or is not
+        # clearly slower than speculating. (Below everyone's floor with speculation reading
+        # cheaper, the fastest: a gain asked there too sent laptops that speculate at the
+        # floor's edge to cloud runs, 64 wifi/laptop users at a good share of 0.78.)
+        dearer = not_cheaper(ratio) and cloud is not None and (
+            cloud in pool or best_speculation(specs, base).rate < FLOOR_GAIN * cloud.rate)
         if not pool:  # below the floor speed decides (the fastest, as at price 0)
             pool, score, switch = options, base, base
         spec = best_speculation([o for o in pool if o.kind == "speculate"] or specs, score)
-        if stays:
+        if dearer:
             return spec, cloud, score
         ranked = staying(switch, running)
         if cloud is None or cloud not in pool or (spec in pool and ranked(cloud) <= ranked(spec)):
@@ -251,16 +234,6 @@ def staying(score: Score, incumbent: str | None) -> Score:
 def meeting_floor(options: list[Option], floor: float) -> list[Option]:
     """The options expected at least `floor` tokens per second (none: an empty list)."""
     return [o for o in options if o.rate >= floor]
-
-
-def waiting_for_passes(costs: RoundCosts, specs: list[Option]) -> list[Option]:
-    """Speculations whose rounds spend at least LOADED_WAIT_PASSES of the cloud's measured
-    pass period in the verifier (none measured: as they are)."""
-    period = costs.gen_s.value
-    extra = 0.0 if period is None else LOADED_WAIT_PASSES * period - costs.link.server_s()
-    if extra <= 0.0:
-        return specs
-    return [replace(o, seconds=o.seconds + extra) for o in specs]
 
 
 def paced_by_verifier(costs: RoundCosts, cloud: Option) -> Option:
