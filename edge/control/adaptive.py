@@ -22,12 +22,11 @@ Options, each with expected committed tokens N, wall seconds T and target passes
   streaming adds to it). n is the smallest run in which the link's latency is at most
   CLOUD_LATENCY_SHARE of the time, at least `cloud_generate_tokens`, at most what is left;
   when speculation is not worth measuring again (below), at least CLOUD_SETTLED_RUN_S of the
-  stream, since nothing would be re-decided at the shorter run's end; at a price from
-  LOADED_PRICE at least PRICED_RUN_S (the first run PRICED_FIRST_RUN tokens), so that a
-  saturated verifier's cloud runs stay in its lockstep batch as cloud-only's do; at any price
-  where the verifier measures speculation dearer, the rest of the response (at 32 lte/phone
-  users, price 0.65-0.74, speculating nothing, runs cut where the price dipped below
-  LOADED_PRICE cost 1.06x cloud-only's CPU a token).
+  stream, since nothing would be re-decided at the shorter run's end; from LOADED_PRICE,
+  and at any price where the verifier measures speculation dearer, the rest of the response,
+  so that a saturated verifier's cloud runs stay in its lockstep batch as cloud-only's do (at
+  32 lte/phone users, price 0.65-0.74, speculating nothing, runs cut where the price dipped
+  below LOADED_PRICE cost 1.06x cloud-only's CPU a token).
   The plan keeps speculation's k, which the loop drafts if the verifier does not serve
   Generate (the controller then asks again only CLOUD_RETRY_ROUNDS rounds later). When the
   last plan was a cloud run the next generation's draft is not prefilled (prefill_first).
@@ -91,8 +90,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge.control.costs import RoundCosts, save_acceptance
-from edge.control.options import (Option, adapt_q_entries, best_speculation, cloud_run,
-                                  confidence_floor, drafting_block, first_cloud_run,
+from edge.control.options import (LOADED_PRICE, Option, adapt_q_entries, best_speculation,
+                                  cloud_run, confidence_floor, drafting_block, first_cloud_run,
                                   shortest_run_s, speculations, within_budget, worth_measuring)
 from edge.control.pass_cap import PassCap
 from edge.control.policy import DraftPolicy, Plan, RoundView, register_policy
@@ -165,10 +164,10 @@ class AdaptivePolicy(DraftPolicy):
                 and view.remaining > 1 and not view.fast):
             return None
         fewest, shortest_s = self.cfg.cloud_generate_tokens, shortest_run_s(view.price, settled)
-        if measured_dearer(view):  # under a price: nothing to re-decide, so stay in the batch
+        if measured_dearer(view) or view.price >= LOADED_PRICE:  # stay in the lockstep batch
             fewest = view.remaining
         if not self.costs.link.measured:
-            return first_cloud_run(self.cap, view.remaining, fewest, view.price)
+            return first_cloud_run(self.cap, view.remaining, fewest)
         return cloud_run(self.costs, self.cap, view.remaining, fewest, shortest_s)
 
     def score(self, option: Option) -> float:

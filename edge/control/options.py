@@ -25,15 +25,15 @@ CLOUD_SETTLED_RUN_S = 1.0         # ... and when speculation is not worth measur
                                   # on a priced verifier, whose price may move meanwhile (a run
                                   # settled at a low price ran on at 5.8 tok/s after it rose) ...
 LOADED_PRICE = 0.5                # ... until the price says the verifier is saturated (jobs
-                                  # wait 1.5x its target delay): from there a cloud run, the
-PRICED_RUN_S = 2.0                # first too, streams at least this long. Between runs a
-                                  # session leaves the verifier's lockstep batch of cloud runs
-                                  # (the last token's trip back, the decision, the next
-                                  # request's trip, its first step's wait: 240 ms median at 64
-                                  # lte/phone users), whose fixed costs the others then share;
-                                  # there whole-generation runs took adaptive from 1.14x to
-                                  # 0.95x cloud-only's verifier CPU per token (issue 38)
-PRICED_FIRST_RUN = 64             # ... tokens, the first run (its pace not measured yet)
+                                  # wait 1.5x its target delay): from there a cloud run takes
+                                  # the rest of the response. Between runs a session leaves the
+                                  # verifier's lockstep batch of cloud runs (the last token's
+                                  # trip back, the decision, the next request's trip, its first
+                                  # step's wait: 240 ms median at 64 lte/phone users), whose
+                                  # fixed costs the others then share: whole-generation runs
+                                  # took adaptive from 1.14x to 0.95x cloud-only's verifier CPU
+                                  # per token, and 2 s runs (3 a response at 96 phone users)
+                                  # still cost 1.06-1.12x there (issue 38)
 CLOUD_EXPLORE_RATIO = 0.8         # speculation is measured again when expected within this
                                   # of the cloud's rate ...
 EXPLORE_EVIDENCE = 4.0            # ... or, before this many verified rounds (decayed) of
@@ -156,8 +156,8 @@ def speculations(costs: RoundCosts, view: RoundView, ks: list[int],
 def cloud_run(costs: RoundCosts, cap: PassCap, remaining: int, fewest: int,
               settled_s: float = 0.0) -> Option | None:
     """The cloud generating n tokens: the smallest run in which the link's latency is at most
-    CLOUD_LATENCY_SHARE of its time, at least settled_s of its stream (CLOUD_SETTLED_RUN_S,
-    PRICED_RUN_S) and `fewest`, at most what is left and, under a cap, what its surplus pays for
+    CLOUD_LATENCY_SHARE of its time, at least settled_s of its stream (CLOUD_SETTLED_RUN_S)
+    and `fewest`, at most what is left and, under a cap, what its surplus pays for
     (none under 2 tokens)."""
     share = CLOUD_LATENCY_SHARE
     n = 1 + math.ceil((1.0 - share) / share * costs.cloud_latency_s() / costs.gen_seconds())
@@ -169,23 +169,19 @@ def cloud_run(costs: RoundCosts, cap: PassCap, remaining: int, fewest: int,
 
 
 def shortest_run_s(price: float, settled: bool) -> float:
-    """The least stream a cloud run is chosen for: PRICED_RUN_S from LOADED_PRICE, else
-    CLOUD_SETTLED_RUN_S when settled at price 0, else none (as the link's latency asks)."""
-    if price >= LOADED_PRICE:
-        return PRICED_RUN_S
+    """The least stream a cloud run is chosen for: CLOUD_SETTLED_RUN_S when settled at price 0,
+    else none (as the link's latency asks; from LOADED_PRICE the caller asks the whole rest)."""
     return CLOUD_SETTLED_RUN_S if settled and price == 0 else 0.0
 
 
-def first_cloud_run(cap: PassCap, remaining: int, fewest: int,
-                    price: float = 0.0) -> Option | None:
+def first_cloud_run(cap: PassCap, remaining: int, fewest: int) -> Option | None:
     """Before anything is measured: a short cloud run, which measures the link and the cloud's
     pace while it commits `fewest` tokens (a k = 0 round commits one), and is never far from the
-    best choice, where speculating can be several times slower (a phone on a cellular link);
-    from LOADED_PRICE at least PRICED_FIRST_RUN tokens (its pace is unknown, so no time).
+    best choice, where speculating can be several times slower (a phone on a cellular link).
     None under a cap (no surplus of passes yet). Its time is unknown: only n is used."""
     if cap.cap is not None:
         return None
-    n = min(max(fewest, PRICED_FIRST_RUN) if price >= LOADED_PRICE else fewest, remaining)
+    n = min(fewest, remaining)
     return Option("cloud", float(n), 0.0, float(n), n=n)
 
 
