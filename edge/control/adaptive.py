@@ -99,7 +99,7 @@ from edge.control.pricing import PriceResponse, measured_dearer
 from edge.record import RoundRecord
 
 if TYPE_CHECKING:
-    from edge.config import ClientConfig
+    from edge.config import AdaptiveConfig, ClientConfig, DeviceProfile
 
 PROBE_AFTER_ZERO_ROUNDS = 4       # after this many k = 0 rounds in a row, draft one token to
                                   # re-measure the draft (its time is only seen when it drafts)
@@ -234,16 +234,9 @@ class AdaptivePolicy(DraftPolicy):
                                              self.max_q_entries)
         send_ahead = costs.send_ahead_depth(k, min(self.max_send_ahead,
                                                    max(view.max_send_ahead, 1)))
-        # Dither: every other round a slightly longer block, so the link's cost per byte can
-        # be told from its latency (edge/control/link_estimate.py fits a line) and the acceptance of
-        # positions past k is seen (short blocks alone never reach them, and an unseen
-        # position is estimated at the pooled rate, which keeps k short); the rate is flat
-        # near its optimum, so this costs little (under a cap it also spends fewer passes).
         chosen = k
         if self.cfg.dither and k >= 2 and self.verified_rounds % 2:
-            longer = min(k + max(1, k // 4), self.cfg.max_draft_length, view.max_k)
-            chosen = longer if within_budget(self.device, costs, longer, self.drafted,
-                                             view.generated) else k
+            chosen = dithered(self.cfg, self.device, costs, k, self.drafted, view)
         probe = k == 0 and view.max_k > 0 and self.zero_rounds >= PROBE_AFTER_ZERO_ROUNDS
         chosen = 1 if probe else chosen
         stop = self.cfg.confidence_stop and self.verified_rounds >= 4  # the confidence stop
@@ -278,6 +271,17 @@ class AdaptivePolicy(DraftPolicy):
             if self.cfg.prior_path is not None and self.verified_rounds % SAVE_EVERY_ROUNDS == 0:
                 save_acceptance(self.costs.acceptance, Path(self.cfg.prior_path))
         self.drafted += record.drafted
+
+
+def dithered(cfg: "AdaptiveConfig", device: "DeviceProfile", costs: RoundCosts, k: int,
+             drafted: int, view: RoundView) -> int:
+    """Every other round a slightly longer block, so the link's cost per byte can be told from
+    its latency (edge/control/link_estimate.py fits a line) and the acceptance of positions
+    past k is seen (short blocks alone never reach them, and an unseen position is estimated
+    at the pooled rate, which keeps k short); the rate is flat near its optimum, so this costs
+    little (under a cap it also spends fewer passes)."""
+    longer = min(k + max(1, k // 4), cfg.max_draft_length, view.max_k)
+    return longer if within_budget(device, costs, longer, drafted, view.generated) else k
 
 
 @register_policy("adaptive")
