@@ -36,8 +36,10 @@ where it has them, the verifier's where not; cloud/token_cost.py), the choice be
 weighs a cloud run (and a k = 0 round, a 1-token step too) at cost 1 and a drafted block at
 their ratio r = speculate / cloud, and speculation is taken only where r < 1 - MEASURED_SAVING
 (clearly cheaper) or where no cloud run keeps to the floor and speculation is expected
-FLOOR_GAIN faster. The
-block length is still chosen by the position cost (the measured figures are of the blocks
+FLOOR_GAIN faster; measured clearly cheaper with no option at the floor, a cloud run is taken
+only where it is expected FLOOR_GAIN faster than speculating (the fastest is what the floor
+rule would take, but on a saturated verifier each cloud-run token is a pass the others wait
+for, and laptops leaving for the cloud one by one slowed everyone). The block length is still chosen by the position cost (the measured figures are of the blocks
 drafted so far, not of each k). Until both figures are said the position cost decides both.
 
 Many users read the same price; so that they do not all flip at once, each controller scales the
@@ -88,7 +90,12 @@ FLOOR_GAIN = 2.0      # measured dearer, speculation is taken for the speed floo
                       # is expected this much faster than the cloud run: under load the model
                       # flatters a phone's rounds (64 lte/phone users: speculating 10-15% "for
                       # the floor", users' p10 11.3 tok/s against cloud-only's 13.0; 96
-                      # verizon/phone users: expected at 13-14 tok/s, run at 8)
+                      # verizon/phone users: expected at 13-14 tok/s, run at 8). Measured
+                      # cheaper and below every floor, likewise a cloud run: a saturated
+                      # verifier's pace flatters the cloud, and each cloud-run token is a pass
+                      # the others wait for (wifi/laptop at 32-64 users, price 1: laptops
+                      # below the floor took the cloud as the fastest, 25-80% speculated, and
+                      # adaptive cost 1.09-1.86x cloud-only's CPU a token, capacity 0-32)
 
 Score = Callable[[Option], float]
 Cost = Callable[[Option], float]  # the verifier's work per committed token, in cloud tokens
@@ -156,10 +163,13 @@ class PriceResponse:
         # clearly slower than speculating. (Below everyone's floor with speculation reading
         # cheaper, the fastest: a gain asked there too sent laptops that speculate at the
         # floor's edge to cloud runs, 64 wifi/laptop users at a good share of 0.78.)
+        fastest_spec = best_speculation(specs, base)
         dearer = not_cheaper(ratio) and cloud is not None and (
-            cloud in pool or best_speculation(specs, base).rate < FLOOR_GAIN * cloud.rate)
-        if not pool:  # below the floor speed decides (the fastest, as at price 0)
-            pool, score, switch = options, base, base
+            cloud in pool or fastest_spec.rate < FLOOR_GAIN * cloud.rate)
+        if not pool:  # below the floor speed decides (the fastest, as at price 0) ...
+            if cheaper(ratio) and (cloud is None or cloud.rate < FLOOR_GAIN * fastest_spec.rate):
+                return fastest_spec, None, base  # ... but a cheaper speculation yields only
+            pool, score, switch = options, base, base  # to a clearly faster cloud (above)
         spec = best_speculation([o for o in pool if o.kind == "speculate"] or specs, score)
         if dearer:
             return spec, cloud, score
@@ -180,6 +190,11 @@ def measured_dearer(view: RoundView) -> bool:
     """Under a price, the verifier does not measure a speculated token clearly cheaper than a
     cloud-run one."""
     return view.price > 0 and not_cheaper(measured_ratio(view.token_ms))
+
+
+def cheaper(ratio: float | None) -> bool:
+    """A measured ratio (speculate / cloud) that saves at least MEASURED_SAVING."""
+    return ratio is not None and ratio <= 1.0 - MEASURED_SAVING
 
 
 def not_cheaper(ratio: float | None) -> bool:

@@ -181,3 +181,16 @@ class FakeClock:
 
     def __call__(self):
         return self.t
+
+
+def test_below_every_floor_a_cheaper_speculation_yields_only_to_a_clearly_faster_cloud():
+    """A saturated verifier far away (100 ms, 50 ms a pass: cloud runs ~20 tok/s) and a floor
+    of 40 tok/s that nothing keeps, speculation measured cheaper: a laptop whose blocks run at
+    ~15 tok/s keeps speculating (the cloud's pace on a saturated verifier flatters it, and each
+    of its tokens is a pass the others wait for: FLOOR_GAIN), one whose blocks run at ~6 tok/s
+    lets the cloud generate."""
+    far = Link(latency_s=0.1, server_s=0.05)
+    _, good = plans(far, Draft(alpha=0.8, s_per_token=0.004), 1.0, LAPTOP_CHEAPER, floor=40.0)
+    assert cloudy(good[20:]) == 0, cloudy(good[20:])
+    _, poor = plans(far, Draft(alpha=0.3, s_per_token=0.004), 1.0, LAPTOP_CHEAPER, floor=40.0)
+    assert cloudy(poor[20:]) >= 0.6 * 60, cloudy(poor[20:])
