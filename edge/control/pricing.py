@@ -36,13 +36,11 @@ where it has them, the verifier's where not; cloud/token_cost.py), the choice be
 weighs a cloud run (and a k = 0 round, a 1-token step too) at cost 1 and a drafted block at
 their ratio r = speculate / cloud, and speculation is taken only where r < 1 - MEASURED_SAVING
 (clearly cheaper) or where no cloud run keeps to the floor and speculation is expected
-FLOOR_GAIN faster; measured clearly cheaper but missing the floor, speculation gives way to a
-cloud run only where that is expected FLOOR_GAIN faster, or keeps a floor speculation misses by
-more than FLOOR_GAIN (the floor rule alone takes the fastest, or whatever keeps the floor, but
-on a saturated verifier the cloud's pace flatters it, each cloud-run token is a pass the
-others wait for, and laptops leaving for the cloud one by one slowed everyone). The block
-length is still chosen by the position cost (the measured figures are of the blocks drafted so
-far, not of each k). Until both figures are said the position cost decides both.
+FLOOR_GAIN faster; measured clearly cheaper with no option at the floor, a cloud run is taken
+only where it is expected FLOOR_GAIN faster than speculating (the fastest is what the floor
+rule would take, but on a saturated verifier each cloud-run token is a pass the others wait
+for, and laptops leaving for the cloud one by one slowed everyone). The block length is still chosen by the position cost (the measured figures are of the blocks
+drafted so far, not of each k). Until both figures are said the position cost decides both.
 
 Many users read the same price; so that they do not all flip at once, each controller scales the
 exponent of its speculate-or-cloud decision by its own jitter drawn once in [1 - PRICE_JITTER,
@@ -93,12 +91,11 @@ FLOOR_GAIN = 2.0      # measured dearer, speculation is taken for the speed floo
                       # flatters a phone's rounds (64 lte/phone users: speculating 10-15% "for
                       # the floor", users' p10 11.3 tok/s against cloud-only's 13.0; 96
                       # verizon/phone users: expected at 13-14 tok/s, run at 8). Measured
-                      # cheaper but below the floor, likewise a cloud run (unless speculation
-                      # misses the floor by more than this and the cloud keeps it): a saturated
+                      # cheaper and below every floor, likewise a cloud run: a saturated
                       # verifier's pace flatters the cloud, and each cloud-run token is a pass
-                      # the others wait for (wifi/laptop at 32-96 users, price 0.8-1: laptops
-                      # below the floor took the cloud, 25-80% speculated, and adaptive cost
-                      # 1.09-1.86x cloud-only's CPU a token, capacity 0-32 against 64)
+                      # the others wait for (wifi/laptop at 32-64 users, price 1: laptops
+                      # below the floor took the cloud as the fastest, 25-80% speculated, and
+                      # adaptive cost 1.09-1.86x cloud-only's CPU a token, capacity 0-32)
 
 Score = Callable[[Option], float]
 Cost = Callable[[Option], float]  # the verifier's work per committed token, in cloud tokens
@@ -169,13 +166,10 @@ class PriceResponse:
         fastest_spec = best_speculation(specs, base)
         dearer = not_cheaper(ratio) and cloud is not None and (
             cloud in pool or fastest_spec.rate < FLOOR_GAIN * cloud.rate)
-        if cheaper(ratio) and not any(o.kind == "speculate" for o in pool) and (
-                cloud is None or cloud.rate < FLOOR_GAIN * fastest_spec.rate) and (
-                cloud not in pool or FLOOR_GAIN * fastest_spec.rate >= floor):
-            return fastest_spec, None, base  # a cheaper speculation the floor rule would
-            # leave yields only to a clearly faster cloud, or to one at a floor it misses by far
-        if not pool:  # below the floor speed decides (the fastest, as at price 0)
-            pool, score, switch = options, base, base
+        if not pool:  # below the floor speed decides (the fastest, as at price 0) ...
+            if cheaper(ratio) and (cloud is None or cloud.rate < FLOOR_GAIN * fastest_spec.rate):
+                return fastest_spec, None, base  # ... but a cheaper speculation yields only
+            pool, score, switch = options, base, base  # to a clearly faster cloud (above)
         spec = best_speculation([o for o in pool if o.kind == "speculate"] or specs, score)
         if dearer:
             return spec, cloud, score

@@ -129,9 +129,9 @@ def test_the_measured_cost_of_each_option():
 def test_new_prompts_are_measured_again_only_once_the_figure_is_stale():
     """A new prompt's text is measured with speculative blocks every time, but while the
     verifier measures speculation dearer under a price, or is saturated (LOADED_PRICE), only
-    once the speculate figure has stood still for STALE_FIGURE_S (a prompt every second here,
-    the figure frozen: at 10, 20 and 30 s, each controller at most once a period); a figure
-    that keeps moving (someone speculates) is never stale."""
+    once the speculate figure has stood still for STALE_FIGURE_S (a prompt every second here, the figure frozen: at 10, 20
+    and 30 s, each controller at most once a period); a figure that keeps moving (someone
+    speculates) is never stale."""
     from edge.control.policy import RoundView
     from edge.control.pricing import STALE_FIGURE_S, PriceResponse
 
@@ -193,15 +193,4 @@ def test_below_every_floor_a_cheaper_speculation_yields_only_to_a_clearly_faster
     _, good = plans(far, Draft(alpha=0.8, s_per_token=0.004), 1.0, LAPTOP_CHEAPER, floor=40.0)
     assert cloudy(good[20:]) == 0, cloudy(good[20:])
     _, poor = plans(far, Draft(alpha=0.3, s_per_token=0.004), 1.0, LAPTOP_CHEAPER, floor=40.0)
-    assert cloudy(poor[20:]) >= 0.6 * 60, cloudy(poor[20:])
-
-
-def test_a_cheaper_speculation_near_the_floor_does_not_leave_it_to_the_cloud():
-    """The same verifier and a floor of 18 tok/s that the cloud run (~20 tok/s) keeps and
-    speculation (~15) misses: measured cheaper, the laptop speculates, being within FLOOR_GAIN
-    of the floor; a poor draft (~6 tok/s), which misses it by more, lets the cloud keep it."""
-    far = Link(latency_s=0.1, server_s=0.05)
-    _, near = plans(far, Draft(alpha=0.8, s_per_token=0.004), 1.0, LAPTOP_CHEAPER, floor=18.0)
-    assert cloudy(near[20:]) == 0, cloudy(near[20:])
-    _, poor = plans(far, Draft(alpha=0.3, s_per_token=0.004), 1.0, LAPTOP_CHEAPER, floor=18.0)
     assert cloudy(poor[20:]) >= 0.6 * 60, cloudy(poor[20:])
