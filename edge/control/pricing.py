@@ -39,8 +39,9 @@ their ratio r = speculate / cloud, and speculation is taken only where r < 1 - M
 FLOOR_GAIN faster; measured clearly cheaper with no option at the floor, a cloud run is taken
 only where it is expected FLOOR_GAIN faster than speculating (the fastest is what the floor
 rule would take, but on a saturated verifier each cloud-run token is a pass the others wait
-for, and laptops leaving for the cloud one by one slowed everyone). The block length is still chosen by the position cost (the measured figures are of the blocks
-drafted so far, not of each k). Until both figures are said the position cost decides both.
+for, and laptops leaving for the cloud one by one slowed everyone). The block length is still
+chosen by the position cost (the measured figures are of the blocks drafted so far, not of
+each k). Until both figures are said the position cost decides both.
 
 Many users read the same price; so that they do not all flip at once, each controller scales the
 exponent of its speculate-or-cloud decision by its own jitter drawn once in [1 - PRICE_JITTER,
@@ -160,9 +161,9 @@ class PriceResponse:
         switch = priced(base, view.price, self.jitter,
                         modelled(position_cost) if ratio is None else measured(ratio))
         # speculation measured dearer per token, and the cloud keeps to the floor or is not
-        # clearly slower than speculating. (Below everyone's floor with speculation reading
-        # cheaper, the fastest: a gain asked there too sent laptops that speculate at the
-        # floor's edge to cloud runs, 64 wifi/laptop users at a good share of 0.78.)
+        # clearly slower than speculating. (Where speculation reads cheaper no gain is asked
+        # of it: asked there too, it sent laptops that speculate at the floor's edge to cloud
+        # runs, 64 wifi/laptop users at a good share of 0.78; there the cloud needs the gain.)
         fastest_spec = best_speculation(specs, base)
         dearer = not_cheaper(ratio) and cloud is not None and (
             cloud in pool or fastest_spec.rate < FLOOR_GAIN * cloud.rate)

@@ -129,9 +129,9 @@ def test_the_measured_cost_of_each_option():
 def test_new_prompts_are_measured_again_only_once_the_figure_is_stale():
     """A new prompt's text is measured with speculative blocks every time, but while the
     verifier measures speculation dearer under a price, or is saturated (LOADED_PRICE), only
-    once the speculate figure has stood still for STALE_FIGURE_S (a prompt every second here, the figure frozen: at 10, 20
-    and 30 s, each controller at most once a period); a figure that keeps moving (someone
-    speculates) is never stale."""
+    once the speculate figure has stood still for STALE_FIGURE_S (a prompt every second here,
+    the figure frozen: at 10, 20 and 30 s, each controller at most once a period); a figure
+    that keeps moving (someone speculates) is never stale."""
     from edge.control.policy import RoundView
     from edge.control.pricing import STALE_FIGURE_S, PriceResponse
 
