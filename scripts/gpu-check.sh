@@ -108,6 +108,7 @@ else
         --prompts 2 --max-tokens 8 --no-progress \
         --json "$OUT/capacity/capacity.json" --plots "$OUT/capacity"
     PAPER=(--max-batch 64)
+    PAPER_CAP=30  # 5-10 s each on this 2-core machine; on a slow day one took 10 s of 10
 fi
 
 for surface in "$OUT"/surface-*/surface.json bench/passcost/published/h100-7b.json; do
@@ -119,7 +120,7 @@ for surface in "$OUT"/surface-*/surface.json bench/passcost/published/h100-7b.js
         ENGINE=(--engine-from "$OUT/verifier-bench.json"
                 --engine-surface "$OUT/surface-target/surface.json")
     fi
-    step "paper-$name" 10 "$PY" -m bench.cli capacity --paper "$surface" \
+    step "paper-$name" "${PAPER_CAP:-10}" "$PY" -m bench.cli capacity --paper "$surface" \
         --calibrate-on "$CPU_SURFACE" "${ENGINE[@]}" "${PAPER[@]}" --json "$OUT/paper-$name.json"
 done
 

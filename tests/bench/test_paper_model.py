@@ -36,6 +36,20 @@ def test_the_surface_reads_its_points_and_what_lies_between_and_beyond():
     assert s.position_cost(16, 64) == pytest.approx(PER_POSITION / step)
 
 
+def test_a_noisy_surface_never_reads_a_bigger_pass_cheaper():
+    """A smoke surface whose batch 2 read faster than batch 1 (16.1 then 13.2 ms: noise on a
+    shared core) read 0 ms at batch 64 and divided by it in the model; past the grid a pass
+    now costs at least the largest measured one, and the model holds users."""
+    points = [PassPoint(1, 1, 32, 16.1, 0, 0, 1), PassPoint(1, 3, 32, 16.6, 0, 0, 1),
+              PassPoint(2, 1, 32, 13.2, 0, 0, 1), PassPoint(2, 3, 32, 12.0, 0, 0, 1)]
+    s = Surface("smoke", "cpu", "tandem-target", "float32", 8192, None, points)
+    assert s.pass_ms(64, 1, 32) == pytest.approx(13.2)
+    assert s.pass_ms(64, 6, 32) >= 12.0
+    model = Model(s, Engine(max_batch=64), Workload())
+    cloud = UserMode("cloud-only", 0, 1.0, {"p50": 0.0, "p90": 0.002})
+    assert model.capacity(cloud, 0.1, 1.0) >= 1
+
+
 def test_a_published_curve_adds_the_kv_its_sessions_read():
     s = Surface("published", "H100", "7b", "bfloat16", 131072, None,
                 total_tokens=[[1, 5.7], [128, 5.7], [256, 9.3]], kv_read_gb_s=2000.0)
