@@ -47,6 +47,10 @@ def add_parser(sub) -> None:
                    help="no midpoint between a configuration's last pass and first miss")
     p.add_argument("--every-count", action="store_true",
                    help="measure every --users count, past a configuration's misses too")
+    p.add_argument("--interleave", action="store_true",
+                   help="measure each count for every configuration before the next count (all "
+                        "their servers up, one measuring at a time): a drift of the machine's "
+                        "speed then falls on both sides of a comparison alike")
     p.add_argument("--samples", type=Path, default=None, metavar="PATH.jsonl",
                    help="also write every measured request here (python -m bench.capacity.compare "
                         "reads two such files)")
@@ -92,7 +96,7 @@ def options_of(args: argparse.Namespace) -> CapacityOptions:
     if args.verifiers < 1 or not args.server_core:
         raise argparse.ArgumentTypeError("--verifiers needs >= 1 and --server-core a core")
     return replace(CapacityOptions(), configs=args.configs, users=args.users, refine=not args.no_refine,
-                   every_count=args.every_count,
+                   every_count=args.every_count, interleave=args.interleave,
                    slo_ttft_s=args.slo_ttft_s, slo_tpot_s=args.slo_tpot_s,
                    extra_tpot_slos=tuple(t for t in args.also_tpot_s if t != args.slo_tpot_s),
                    warmup_s=args.warmup_s, window_s=args.window_s, drain_s=args.drain_s,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -256,8 +256,9 @@ def user_counts(options: CapacityOptions) -> list[int]:
 
 def sweep_config(options: CapacityOptions, bench: BenchConfig, shared: Shared, profile: ChannelProfile,
                  device: DeviceSpec, name: str, log_dir: Path, driver_cores: int,
-                 on_row: Callable[[PointRow, list[Sample]], None]) -> list[PointRow]:
-    """One configuration's sweep in one cell, on a fresh server."""
+                 on_row: Callable[[PointRow, list[Sample]], None]) -> Iterator[PointRow]:
+    """One configuration's sweep in one cell, on a fresh server: its rows as each is measured
+    (the server starts at the first and stops when the sweep ends or is closed)."""
     counts = user_counts(options)
     per_server = -(-max(counts) // options.verifiers)
     server = ServerGroup([])
@@ -270,29 +271,51 @@ def sweep_config(options: CapacityOptions, bench: BenchConfig, shared: Shared, p
                 if name == VLLM else
                 start_verifier(resolve_path(options.cloud_config), core, log, per_server,
                                CLOUD_SETS.get(name, ()) + options.cloud_sets))
-    except BaseException:
-        server.close()
-        raise
-    rows: list[PointRow] = []
-    try:
+
         def measure(users: int) -> PointRow:
             row, samples = run_point(options, bench, shared, profile, device, name, users, server,
                                      driver_cores)
-            rows.append(row)
             on_row(row, samples)
             return row
 
         last_pass = 0
         for users in counts:
             row = measure(users)
+            yield row
             if clearly_misses(row, options.slo_tpot_s) and not options.every_count:
                 middle = (last_pass + users) // 2
                 if options.refine and last_pass and last_pass < middle < users:
-                    measure(middle)
+                    yield measure(middle)
                 break
             last_pass = users
     finally:
         server.close()
+
+
+def sweep_cell(sweeps: list[Iterator[PointRow]], interleave: bool) -> list[PointRow]:
+    """The cell's configurations' rows: one sweep after another, or interleaved (each user
+    count measured for every configuration before the next count; their servers all up, one
+    measuring at a time), so that a drift of the machine's speed falls on both sides of a
+    comparison alike. Interleaved, the servers not measuring sit idle on their cores (a
+    verifier's idle polling: 1-2% of a core), each configuration alike; one that has stopped is
+    closed when its turn comes round."""
+    rows: list[PointRow] = []
+    if not interleave:
+        for sweep in sweeps:
+            rows += sweep
+        return rows
+    live = list(sweeps)
+    try:
+        while live:
+            for sweep in list(live):
+                row = next(sweep, None)
+                if row is None:
+                    live.remove(sweep)
+                else:
+                    rows.append(row)
+    finally:
+        for sweep in live:
+            sweep.close()
     return rows
 
 
@@ -308,10 +331,12 @@ def run_capacity(options: CapacityOptions, bench: BenchConfig, channels: Sequenc
     run = CapacityRun()
     for profile in channels:
         for device in devices:
-            for name in options.configs:
+            def sweep(name: str) -> Iterator[PointRow]:
                 progress(f"{profile.name}/{device.name}: {name}")
                 cell_log = log_dir / f"{profile.name}-{device.name}-{name}"
-                run.rows += sweep_config(options, bench, shared, profile, device, name, cell_log,
-                                         len(driver_cores), on_row)
+                yield from sweep_config(options, bench, shared, profile, device, name, cell_log,
+                                        len(driver_cores), on_row)
+
+            run.rows += sweep_cell([sweep(name) for name in options.configs], options.interleave)
     run.replay_misses = shared.table.misses if shared.table is not None else 0
     return run

@@ -135,18 +135,19 @@ def test_the_summary_reads_a_configuration_that_missed_at_its_first_point():
 
 def test_capacity_smoke_sweeps_users_against_a_pinned_verifier(tmp_path):
     """The real command, seconds long: two configurations, 1 and 2 users on lan/laptop, spread
-    over two verifier processes (both on core 0)."""
+    over two verifier processes (both on core 0), interleaved (each count for both before the
+    next: the rows come in that order)."""
     out = tmp_path / "capacity.json"
     command = [sys.executable, "-m", "sim.cli", "capacity", "--channel", "lan", "--device", "laptop",
                "--configs", "cloud-only,fixed-k4", "--users", "1,2", "--warmup-s", "1", "--window-s", "3",
                "--drain-s", "20", "--prompts", "2", "--max-tokens", "16", "--no-refine", "--verifiers", "2",
-               "--json", str(out), "--plots", str(tmp_path)]
+               "--interleave", "--json", str(out), "--plots", str(tmp_path)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = report["rows"]
-    assert {(r["config"], r["users"]) for r in rows} == {(c, n) for c in ("cloud-only", "fixed-k4") for n in (1, 2)}
+    assert [(r["config"], r["users"]) for r in rows] == [(c, n) for n in (1, 2) for c in ("cloud-only", "fixed-k4")]
     for row in rows:
         assert row["requests"] >= 1 and row["errors"] == 0
         assert row["verified_share"] == 1.0 and row["agreement"] == 1.0
@@ -220,3 +221,43 @@ def test_a_second_cell_splits_the_cores_as_the_first_did():
         assert server_core_split((0,)) == (servers, driver)
     finally:
         os.sched_setaffinity(0, before)
+
+
+def _sweep(name: str, counts: list[int], log: list[str]):
+    """A configuration's sweep as sweep_config yields it: its server up at the first row, down
+    when it ends or is closed (the log says when)."""
+    log.append(f"{name} up")
+    try:
+        for n in counts:
+            log.append(f"{name} {n}")
+            yield (name, n)
+    finally:
+        log.append(f"{name} down")
+
+
+def test_a_cell_interleaves_its_configurations_count_by_count():
+    from bench.capacity.sweep import sweep_cell
+
+    log: list[str] = []
+    rows = sweep_cell([_sweep("a", [1, 2, 4], log), _sweep("b", [1, 2], log)], interleave=True)
+    assert rows == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 4)]  # b stopped at its miss
+    assert log[:4] == ["a up", "a 1", "b up", "b 1"] and log[-1] == "a down"
+    assert log.index("b 2") < log.index("b down")
+    log.clear()
+    rows = sweep_cell([_sweep("a", [1, 2], log), _sweep("b", [1], log)], interleave=False)
+    assert rows == [("a", 1), ("a", 2), ("b", 1)]
+    assert log == ["a up", "a 1", "a 2", "a down", "b up", "b 1", "b down"]
+
+
+def test_an_interleaved_cell_that_fails_stops_every_server():
+    from bench.capacity.sweep import sweep_cell
+
+    log: list[str] = []
+
+    def failing():
+        yield from _sweep("b", [1], log)
+        raise RuntimeError("the verifier died")
+
+    with pytest.raises(RuntimeError):
+        sweep_cell([_sweep("a", [1, 2, 4], log), failing()], interleave=True)
+    assert "a down" in log and "b down" in log and "a 4" not in log
