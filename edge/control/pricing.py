@@ -200,7 +200,7 @@ def cheaper(ratio: float | None) -> bool:
 
 def not_cheaper(ratio: float | None) -> bool:
     """A measured ratio (speculate / cloud) that is no saving of MEASURED_SAVING."""
-    return ratio is not None and ratio > 1.0 - MEASURED_SAVING
+    return ratio is not None and not cheaper(ratio)
 
 
 def modelled(position_cost: float = POSITION_COST) -> Cost:
