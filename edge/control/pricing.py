@@ -36,7 +36,7 @@ where it has them, the verifier's where not; cloud/token_cost.py), the choice be
 weighs a cloud run (and a k = 0 round, a 1-token step too) at cost 1 and a drafted block at
 their ratio r = speculate / cloud, and speculation is taken only where r < 1 - MEASURED_SAVING
 (clearly cheaper) or where no cloud run keeps to the floor and speculation is expected
-FLOOR_GAIN faster (below every floor: faster); measured clearly cheaper with no option at the floor, a cloud run is taken
+FLOOR_GAIN faster; measured clearly cheaper with no option at the floor, a cloud run is taken
 only where it is expected FLOOR_GAIN faster than speculating (the fastest is what the floor
 rule would take, but on a saturated verifier each cloud-run token is a pass the others wait
 for, and laptops leaving for the cloud one by one slowed everyone). The block length is still
@@ -91,12 +91,7 @@ FLOOR_GAIN = 2.0      # measured dearer, speculation is taken for the speed floo
                       # is expected this much faster than the cloud run: under load the model
                       # flatters a phone's rounds (64 lte/phone users: speculating 10-15% "for
                       # the floor", users' p10 11.3 tok/s against cloud-only's 13.0; 96
-                      # verizon/phone users: expected at 13-14 tok/s, run at 8). Below every
-                      # floor the faster is taken: there a cloud run is one token a pass, and on
-                      # a verifier that laptops' blocks keep busy a pass takes 120-140 ms (64
-                      # wifi/laptop users: laptops on hard prompts, 2 tokens a round, left for
-                      # such cloud runs and 12-15% of requests missed TPOT 100 ms; speculating,
-                      # 0.5%, capacity 64 as cloud-only's). Measured
+                      # verizon/phone users: expected at 13-14 tok/s, run at 8). Measured
                       # cheaper and below every floor, likewise a cloud run: a saturated
                       # verifier's pace flatters the cloud, and each cloud-run token is a pass
                       # the others wait for (wifi/laptop at 32-64 users, price 1: laptops
@@ -166,15 +161,12 @@ class PriceResponse:
         switch = priced(base, view.price, self.jitter,
                         modelled(position_cost) if ratio is None else measured(ratio))
         # speculation measured dearer per token, and the cloud keeps to the floor or is not
-        # clearly slower than speculating (FLOOR_GAIN where speculation keeps the floor; below
-        # every floor the faster: FLOOR_GAIN's comment says why). (Where speculation reads
-        # cheaper no gain is asked of it: asked there too, it sent laptops that speculate at
-        # the floor's edge to cloud runs, 64 wifi/laptop users at a good share of 0.78; there
-        # the cloud needs the gain.)
+        # clearly slower than speculating. (Where speculation reads cheaper no gain is asked
+        # of it: asked there too, it sent laptops that speculate at the floor's edge to cloud
+        # runs, 64 wifi/laptop users at a good share of 0.78; there the cloud needs the gain.)
         fastest_spec = best_speculation(specs, base)
-        gain = FLOOR_GAIN if pool else 1.0
         dearer = not_cheaper(ratio) and cloud is not None and (
-            cloud in pool or fastest_spec.rate < gain * cloud.rate)
+            cloud in pool or fastest_spec.rate < FLOOR_GAIN * cloud.rate)
         if not pool:  # below the floor speed decides (the fastest, as at price 0) ...
             if cheaper(ratio) and (cloud is None or cloud.rate < FLOOR_GAIN * fastest_spec.rate):
                 return fastest_spec, None, base  # ... but a cheaper speculation yields only

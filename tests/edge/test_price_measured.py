@@ -96,31 +96,15 @@ def test_the_floor_keeps_speculation_the_cloud_cannot_meet():
 
 def test_dearer_only_a_clear_gain_leaves_a_cloud_below_the_floor():
     """A saturated verifier (120 ms a pass, cloud runs ~8 tok/s) and a floor of 10 tok/s that
-    nothing keeps: measured dearer, a phone whose speculation the model expects no faster
-    lets the cloud generate (below every floor the faster runs; FLOOR_GAIN where speculation
-    keeps the floor); a laptop whose speculation reads cheaper and keeps the floor speculates."""
+    nothing keeps: measured dearer, a phone whose speculation the model expects about as fast
+    lets the cloud generate (FLOOR_GAIN: under load the model flatters its rounds); a laptop
+    whose speculation reads cheaper and keeps the floor speculates."""
     saturated = Link(latency_s=0.07, server_s=0.12)
     _, phone = plans(saturated, PHONE, 1.0, PHONE_DEARER, floor=10.0)
     assert cloudy(phone[20:]) >= 0.6 * 60, cloudy(phone[20:])
     _, laptop = plans(saturated, LAPTOP, 1.0, (0.8, 1.0), floor=10.0)
     assert cloudy(laptop[20:]) == 0, cloudy(laptop[20:])
     assert totals(laptop[20:])[0] >= 10.0
-
-
-def test_below_every_floor_measured_dearer_the_faster_mode_runs():
-    """A saturated verifier (130 ms a pass: cloud runs ~7.5 tok/s), a floor of 15 that nothing
-    keeps and a laptop on a hard prompt (acceptance 0.5: ~2 tokens a round, ~11 tok/s): its own
-    speculation measured dearer, it keeps speculating, the faster of the two; with blocks
-    slower than the cloud's pace (a phone, PHONE_DEARER) it lets the cloud generate. (With
-    FLOOR_GAIN asked here too, such laptops took cloud runs at the pace of a pass the others'
-    long blocks filled: 12-15% of requests over TPOT 100 ms at 64 wifi/laptop users.)"""
-    saturated = Link(latency_s=0.012, server_s=0.13)
-    hard = Draft(alpha=0.5, s_per_token=0.004)
-    _, log = plans(saturated, hard, 1.0, (1.2, 1.0), floor=15.0)
-    assert cloudy(log[20:]) == 0, cloudy(log[20:])
-    assert totals(log[20:])[0] < 15.0   # below the floor indeed
-    _, phone = plans(Link(latency_s=0.07, server_s=0.12), PHONE, 1.0, PHONE_DEARER, floor=15.0)
-    assert cloudy(phone[20:]) >= 0.6 * 60, cloudy(phone[20:])
 
 
 def test_one_mode_unmeasured_leaves_the_position_cost_model():
