@@ -9,7 +9,6 @@ edge/control/pricing.py), the same: greedy where speculation reads dearer (the c
 or cheaper (it speculates), sampled where it reads cheaper."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import httpx
@@ -67,9 +66,12 @@ CASES = {
 FORCED = {"measured-dearer": (2.0, 1.0), "measured-cheaper": (0.5, 1.0)}  # ms a token
 
 
-@contextlib.contextmanager
-def _dear_verifier(target_runtime):
-    """A verifier priced at 1 behind a 5 ms (one way) link emulator: its port."""
+@pytest.fixture
+def dear_link(target_runtime):
+    """A verifier priced at 1 behind a 5 ms (one way) link emulator: its port. Each test's own:
+    where the price decides by measured figures, those of an earlier test's cloud runs would
+    make its choice a coin toss on a noisy core (the forced cases say their figures; the rest
+    speculate by the position-cost model until a cloud run is measured)."""
     config = CloudConfig(
         server=ServerSettings(host="127.0.0.1", port=0, shutdown_grace_s=0),
         model=ModelSettings(path=target_runtime.model_dir, device=TEST_DEVICE),
@@ -82,16 +84,6 @@ def _dear_verifier(target_runtime):
             yield proxy.address[1]
     finally:
         server.stop(0).wait()
-
-
-@pytest.fixture
-def dear_link(target_runtime):
-    """A verifier of each test's own: where the price decides by measured figures, those of an
-    earlier test's cloud runs would make its choice a coin toss on a noisy core (the forced
-    cases say their figures; the rest speculate by the position-cost model until a cloud run is
-    measured)."""
-    with _dear_verifier(target_runtime) as port:
-        yield port
 
 
 @pytest.fixture(scope="module")
@@ -156,19 +148,17 @@ def test_sampled_output_follows_the_targets_law_at_price_one(case, dear_link, dr
 
 
 @pytest.fixture
-def slow_device_daemon(target_runtime, gguf_path, draft_dir):
-    """An edge daemon (adaptive, a device drafting 5 tok/s) in front of a dear verifier of its
-    own (dear_link says why)."""
-    with _dear_verifier(target_runtime) as port:
-        config = EdgeConfig(
-            cloud=CloudLinkConfig(address=f"127.0.0.1:{port}"),
-            draft=DraftConfig(backend="llama.cpp", model_path=gguf_path, tokenizer_dir=draft_dir,
-                              n_ctx=512, threads=1),
-            client=ClientConfig(policy="adaptive",
-                                device=DeviceProfile(max_draft_tokens_per_s=5)),
-            daemon=DaemonConfig(port=0, pool_size=1, max_tokens_limit=64))
-        with DaemonThread(load_pool(config)) as running:
-            yield running
+def slow_device_daemon(dear_link, gguf_path, draft_dir):
+    """An edge daemon (adaptive, a device drafting 5 tok/s) in front of the test's own dear
+    verifier."""
+    config = EdgeConfig(
+        cloud=CloudLinkConfig(address=f"127.0.0.1:{dear_link}"),
+        draft=DraftConfig(backend="llama.cpp", model_path=gguf_path, tokenizer_dir=draft_dir,
+                          n_ctx=512, threads=1),
+        client=ClientConfig(policy="adaptive", device=DeviceProfile(max_draft_tokens_per_s=5)),
+        daemon=DaemonConfig(port=0, pool_size=1, max_tokens_limit=64))
+    with DaemonThread(load_pool(config)) as running:
+        yield running
 
 
 def test_a_request_states_its_own_floor(slow_device_daemon, prompt_ids, reference):
