@@ -112,6 +112,7 @@ class PriceResponse:
         self.jitter = 1.0 + PRICE_JITTER * (2.0 * (rng or random.Random()).random() - 1.0)
         self.clock = clock
         self._figure: tuple[float | None, float] = (None, clock())  # (value, when it moved)
+        self.speculating = False  # the last choice on a measured link was speculation
 
     def watch(self, view: RoundView) -> None:
         """Note the speculate figure the verifier said (each round)."""
@@ -148,10 +149,20 @@ class PriceResponse:
         client's) the best base score discounted by their cost; the fastest when none does.
         Before the link is measured: speculation, which measures it at no pass per token.
         running: the kind of round the controller runs now (it keeps the STAY_BONUS)."""
-        position_cost = POSITION_COST if view.position_cost is None else view.position_cost
-        score = priced(base, view.price, 1.0, modelled(position_cost))
         if not costs.link.measured:
+            score = priced(base, view.price, 1.0, modelled(position_cost_of(view)))
             return best_speculation(specs, score), None, score
+        chosen = self.by_measure(costs, view, specs, cloud, base, running)
+        if cloud is not None:  # a choice between the two modes
+            self.speculating = chosen[1] is None
+        return chosen
+
+    def by_measure(self, costs: RoundCosts, view: RoundView, specs: list[Option],
+                   cloud: Option | None, base: Score, running: str | None
+                   ) -> tuple[Option, Option | None, Score]:
+        """choose, once the link is measured."""
+        position_cost = position_cost_of(view)
+        score = priced(base, view.price, 1.0, modelled(position_cost))
         cloud = paced_by_verifier(costs, cloud) if cloud is not None else None
         floor = self.min_tokens_per_s if view.min_tokens_per_s is None \
             else view.min_tokens_per_s
@@ -164,9 +175,13 @@ class PriceResponse:
         # clearly slower than speculating. (Where speculation reads cheaper no gain is asked
         # of it: asked there too, it sent laptops that speculate at the floor's edge to cloud
         # runs, 64 wifi/laptop users at a good share of 0.78; there the cloud needs the gain.)
+        # The gain is asked of a switch to speculation; a session speculating already (its
+        # figure grew dearer: a laptop on a hard prompt) leaves it only for a cloud that keeps
+        # the floor or is faster
         fastest_spec = best_speculation(specs, base)
+        gain = 1.0 if self.speculating else FLOOR_GAIN
         dearer = not_cheaper(ratio) and cloud is not None and (
-            cloud in pool or fastest_spec.rate < FLOOR_GAIN * cloud.rate)
+            cloud in pool or fastest_spec.rate < gain * cloud.rate)
         if not pool:  # below the floor speed decides (the fastest, as at price 0) ...
             if cheaper(ratio) and (cloud is None or cloud.rate < FLOOR_GAIN * fastest_spec.rate):
                 return fastest_spec, None, base  # ... but a cheaper speculation yields only
@@ -185,6 +200,11 @@ def pass_cost(option: Option, position_cost: float = POSITION_COST) -> float:
     if option.kind == "cloud":
         return 1.0
     return option.passes * (1.0 + position_cost * option.k) / max(option.tokens, 1e-9)
+
+
+def position_cost_of(view: RoundView) -> float:
+    """What the verifier measured one more fed position adds to a pass, else POSITION_COST."""
+    return POSITION_COST if view.position_cost is None else view.position_cost
 
 
 def measured_dearer(view: RoundView) -> bool:

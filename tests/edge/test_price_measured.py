@@ -194,3 +194,32 @@ def test_below_every_floor_a_cheaper_speculation_yields_only_to_a_clearly_faster
     assert cloudy(good[20:]) == 0, cloudy(good[20:])
     _, poor = plans(far, Draft(alpha=0.3, s_per_token=0.004), 1.0, LAPTOP_CHEAPER, floor=40.0)
     assert cloudy(poor[20:]) >= 0.6 * 60, cloudy(poor[20:])
+
+
+
+
+def test_dearer_the_gain_is_asked_of_a_switch_to_speculation_not_of_staying():
+    """A saturated verifier (120 ms a pass: cloud runs ~8 tok/s), a floor of 20 tok/s that
+    nothing keeps, speculation measured dearer, and a hard prompt whose blocks run at ~12
+    tok/s (faster than the cloud, not FLOOR_GAIN faster). A laptop that was speculating (its
+    figure read cheaper) keeps speculating: its own rounds on this text. The same laptop that
+    went to cloud runs (dearer, at a floor of 5 that the cloud kept) stays in the cloud: the
+    gain is asked of a switch to speculation (under load the model flatters a phone's
+    rounds)."""
+    saturated, hard = Link(latency_s=0.012, server_s=0.12), Draft(alpha=0.5, s_per_token=0.004)
+
+    def then_dearer_below_the_floor(token_ms, floor):
+        policy = adaptive(cloud_generate=True)
+        run(policy, saturated, hard, 10, random.Random(4), price=1.0, floor=20.0,
+            token_ms=(0.8, 1.0))  # the draft and the link measured, speculating
+        before = run(policy, saturated, hard, 20, random.Random(5), price=1.0, floor=floor,
+                     token_ms=token_ms)
+        after = run(policy, saturated, hard, 40, random.Random(6), price=1.0, floor=20.0,
+                    token_ms=PHONE_DEARER)
+        return cloudy(before[1:]), cloudy(after), after
+
+    spec_before, spec_after, log = then_dearer_below_the_floor((0.8, 1.0), 20.0)
+    assert (spec_before, spec_after) == (0, 0)
+    assert 8.4 < totals(log)[0] < 20.0  # faster than the cloud, below the floor
+    cloud_before, cloud_after, _ = then_dearer_below_the_floor(PHONE_DEARER, 5.0)
+    assert cloud_before >= 0.9 * 19 and cloud_after >= 0.9 * 40, (cloud_before, cloud_after)
