@@ -36,10 +36,11 @@ where it has them, the verifier's where not; cloud/token_cost.py), the choice be
 weighs a cloud run (and a k = 0 round, a 1-token step too) at cost 1 and a drafted block at
 their ratio r = speculate / cloud, and speculation is taken only where r < 1 - MEASURED_SAVING
 (clearly cheaper) or where no cloud run keeps to the floor and speculation is expected
-FLOOR_GAIN faster; measured clearly cheaper with no option at the floor, a cloud run is taken
-only where it is expected FLOOR_GAIN faster than speculating (the fastest is what the floor
-rule would take, but on a saturated verifier each cloud-run token is a pass the others wait
-for, and laptops leaving for the cloud one by one slowed everyone). The block length is still
+FLOOR_GAIN faster (a session speculating already, its own rounds measured: faster at all);
+measured clearly cheaper with no option at the floor, a cloud run is taken only where it is
+expected FLOOR_GAIN faster than speculating (the fastest is what the floor rule would take,
+but on a saturated verifier each cloud-run token is a pass the others wait for, and laptops
+leaving for the cloud one by one slowed everyone). The block length is still
 chosen by the position cost (the measured figures are of the blocks drafted so far, not of
 each k). Until both figures are said the position cost decides both.
 
