@@ -42,7 +42,8 @@ path (edge/link/offline.py), never chosen here: a lossless request has no unveri
 
 The verifier's price (RoundView.price, cloud/price.py): at 0 all of the above; above 0 the
 choice among the same options weighs each one's passes per token against its speed, never below
-the user's speed floor (edge/control/pricing.py has the rule).
+the user's speed floor (edge/control/pricing.py has the rule). From LOADED_PRICE (saturated) no
+block is longer than LOADED_MAX_K: the pass is every session's wait (edge/control/options.py).
 
 Where each part lives: the cost model and what measures it (N, T, draft-ahead's gain,
 send-ahead's depth) in edge/control/costs.py, the options in edge/control/options.py, the cap
@@ -90,16 +91,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge.control.costs import RoundCosts, save_acceptance
-from edge.control.options import (LOADED_PRICE, Option, adapt_q_entries, best_speculation,
-                                  cloud_run, confidence_floor, drafting_block, first_cloud_run,
-                                  shortest_run_s, speculations, within_budget, worth_measuring)
+from edge.control.options import (LOADED_MAX_K, LOADED_PRICE, Option, adapt_q_entries,
+                                  best_speculation, cloud_run, confidence_floor, drafting_block,
+                                  first_cloud_run, shortest_run_s, speculations, within_budget,
+                                  worth_measuring)
 from edge.control.pass_cap import PassCap
 from edge.control.policy import DraftPolicy, Plan, RoundView, register_policy
 from edge.control.pricing import PriceResponse, measured_dearer
 from edge.record import RoundRecord
 
 if TYPE_CHECKING:
-    from edge.config import AdaptiveConfig, ClientConfig, DeviceProfile
+    from edge.config import ClientConfig, DeviceProfile
 
 PROBE_AFTER_ZERO_ROUNDS = 4       # after this many k = 0 rounds in a row, draft one token to
                                   # re-measure the draft (its time is only seen when it drafts)
@@ -153,7 +155,7 @@ class AdaptivePolicy(DraftPolicy):
     # ---- the options ----------------------------------------------------------------------
 
     def speculations(self, view: RoundView) -> list[Option]:
-        top = min(self.cfg.max_draft_length, view.max_k)
+        top = longest_block(self.cfg.max_draft_length, view)
         ks = [k for k in range(top + 1)
               if within_budget(self.device, self.costs, k, self.drafted, view.generated)]
         return speculations(self.costs, view, ks, self.draft_ahead)
@@ -236,7 +238,8 @@ class AdaptivePolicy(DraftPolicy):
                                                    max(view.max_send_ahead, 1)))
         chosen = k
         if self.cfg.dither and k >= 2 and self.verified_rounds % 2:
-            chosen = dithered(self.cfg, self.device, costs, k, self.drafted, view)
+            top = longest_block(self.cfg.max_draft_length, view)
+            chosen = dithered(top, self.device, costs, k, self.drafted, view)
         probe = k == 0 and view.max_k > 0 and self.zero_rounds >= PROBE_AFTER_ZERO_ROUNDS
         chosen = 1 if probe else chosen
         stop = self.cfg.confidence_stop and self.verified_rounds >= 4  # the confidence stop
@@ -273,14 +276,20 @@ class AdaptivePolicy(DraftPolicy):
         self.drafted += record.drafted
 
 
-def dithered(cfg: "AdaptiveConfig", device: "DeviceProfile", costs: RoundCosts, k: int,
-             drafted: int, view: RoundView) -> int:
+def longest_block(max_draft_length: int, view: RoundView) -> int:
+    """The longest block allowed now: LOADED_MAX_K on a saturated verifier."""
+    top = min(max_draft_length, view.max_k)
+    return min(top, LOADED_MAX_K) if view.price >= LOADED_PRICE else top
+
+
+def dithered(top: int, device: "DeviceProfile", costs: RoundCosts, k: int, drafted: int,
+             view: RoundView) -> int:
     """Every other round a slightly longer block, so the link's cost per byte can be told from
     its latency (edge/control/link_estimate.py fits a line) and the acceptance of positions
     past k is seen (short blocks alone never reach them, and an unseen position is estimated
     at the pooled rate, which keeps k short); the rate is flat near its optimum, so this costs
     little (under a cap it also spends fewer passes)."""
-    longer = min(k + max(1, k // 4), cfg.max_draft_length, view.max_k)
+    longer = min(k + max(1, k // 4), top)
     return longer if within_budget(device, costs, longer, drafted, view.generated) else k
 
 

@@ -34,6 +34,14 @@ LOADED_PRICE = 0.5                # ... until the price says the verifier is sat
                                   # took adaptive from 1.14x to 0.95x cloud-only's verifier CPU
                                   # per token, and 2 s runs (3 a response at 96 phone users)
                                   # still cost 1.06-1.12x there (issue 38)
+LOADED_MAX_K = 4                  # ... and no block longer than this: a saturated verifier's
+                                  # pass is every session's wait, and its length grows with the
+                                  # positions fed (0.15-0.35 of a 1-token step each). Laptops
+                                  # drafting k 5-9 by the position cost kept passes at 120-140
+                                  # ms, and those on hard prompts (2-3 tokens a round) missed
+                                  # TPOT 100 ms with either mode (64 wifi/laptop users: good
+                                  # share 0.71-0.96 against cloud-only's; with this cap
+                                  # 0.96-0.98, at 0.75-0.83x its CPU a token)
 CLOUD_EXPLORE_RATIO = 0.8         # speculation is measured again when expected within this
                                   # of the cloud's rate ...
 EXPLORE_EVIDENCE = 4.0            # ... or, before this many verified rounds (decayed) of

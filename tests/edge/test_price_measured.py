@@ -223,3 +223,15 @@ def test_dearer_the_gain_is_asked_of_a_switch_to_speculation_not_of_staying():
     assert 8.4 < totals(log)[0] < 20.0  # faster than the cloud, below the floor
     cloud_before, cloud_after, _ = then_dearer_below_the_floor(PHONE_DEARER, 5.0)
     assert cloud_before >= 0.9 * 19 and cloud_after >= 0.9 * 40, (cloud_before, cloud_after)
+
+
+def test_a_saturated_verifier_gets_no_block_over_loaded_max_k():
+    """From LOADED_PRICE no block (dithered ones included) is longer than LOADED_MAX_K: a
+    saturated verifier's pass is every session's wait. Below it the laptop on an easy text
+    drafts longer blocks, as the position cost asks."""
+    from edge.control.options import LOADED_MAX_K
+    easy = Draft(alpha=0.95, s_per_token=0.004)
+    loaded, _ = plans(WIFI, easy, LOADED_PRICE, LAPTOP_CHEAPER, floor=10.0)
+    light, _ = plans(WIFI, easy, LOADED_PRICE / 2, LAPTOP_CHEAPER, floor=10.0)
+    assert max(plan.k for plan in loaded) == LOADED_MAX_K
+    assert max(plan.k for plan in light[20:]) > LOADED_MAX_K
