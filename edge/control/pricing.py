@@ -97,7 +97,10 @@ FLOOR_GAIN = 2.0      # measured dearer, speculation is taken for the speed floo
                       # verifier's pace flatters the cloud, and each cloud-run token is a pass
                       # the others wait for (wifi/laptop at 32-64 users, price 1: laptops
                       # below the floor took the cloud as the fastest, 25-80% speculated, and
-                      # adaptive cost 1.09-1.86x cloud-only's CPU a token, capacity 0-32)
+                      # adaptive cost 1.09-1.86x cloud-only's CPU a token, capacity 0-32).
+                      # Asked of a switch to speculation, not of a session speculating
+                      # already (a laptop whose hard prompt read its own rounds dearer took a
+                      # whole cloud run at 7-8 tok/s: 64 wifi/laptop users, good share 0.85)
 
 Score = Callable[[Option], float]
 Cost = Callable[[Option], float]  # the verifier's work per committed token, in cloud tokens
