@@ -40,9 +40,10 @@ FLOOR_GAIN faster (a session speculating already, its own rounds measured: faste
 measured clearly cheaper with no option at the floor, a cloud run is taken only where it is
 expected FLOOR_GAIN faster than speculating (the fastest is what the floor rule would take,
 but on a saturated verifier each cloud-run token is a pass the others wait for, and laptops
-leaving for the cloud one by one slowed everyone). The block length is still
-chosen by the position cost (the measured figures are of the blocks drafted so far, not of
-each k). Until both figures are said the position cost decides both.
+leaving for the cloud one by one slowed everyone). The block length is still chosen by the
+position cost (the measured figures are of the blocks drafted so far, not of each k), up to
+LOADED_MAX_K on a saturated verifier (edge/control/adaptive.py longest_block). Until both
+figures are said the position cost decides both.
 
 Many users read the same price; so that they do not all flip at once, each controller scales the
 exponent of its speculate-or-cloud decision by its own jitter drawn once in [1 - PRICE_JITTER,
@@ -116,7 +117,8 @@ class PriceResponse:
         self.jitter = 1.0 + PRICE_JITTER * (2.0 * (rng or random.Random()).random() - 1.0)
         self.clock = clock
         self._figure: tuple[float | None, float] = (None, clock())  # (value, when it moved)
-        self.speculating = False  # the last choice on a measured link was speculation
+        self.speculating = False  # the last choice between the modes (a cloud run offered, the
+                                  # link measured) was speculation
 
     def watch(self, view: RoundView) -> None:
         """Note the speculate figure the verifier said (each round)."""

@@ -13,7 +13,7 @@ import pytest
 from test_control import Draft, Link, adaptive
 from test_price_control import LTE, PHONE, cloudy, run, totals
 
-from edge.control.options import LOADED_PRICE, Option
+from edge.control.options import LOADED_MAX_K, LOADED_PRICE, Option
 from edge.control.pricing import MEASURED_SAVING, measured, measured_ratio
 
 pytestmark = pytest.mark.unit  # fast: no process or server started (pyproject.toml)
@@ -196,8 +196,6 @@ def test_below_every_floor_a_cheaper_speculation_yields_only_to_a_clearly_faster
     assert cloudy(poor[20:]) >= 0.6 * 60, cloudy(poor[20:])
 
 
-
-
 def test_dearer_the_gain_is_asked_of_a_switch_to_speculation_not_of_staying():
     """A saturated verifier (120 ms a pass: cloud runs ~8 tok/s), a floor of 20 tok/s that
     nothing keeps, speculation measured dearer, and a hard prompt whose blocks run at ~12
@@ -229,7 +227,6 @@ def test_a_saturated_verifier_gets_no_block_over_loaded_max_k():
     """From LOADED_PRICE no block (dithered ones included) is longer than LOADED_MAX_K: a
     saturated verifier's pass is every session's wait. Below it the laptop on an easy text
     drafts longer blocks, as the position cost asks."""
-    from edge.control.options import LOADED_MAX_K
     easy = Draft(alpha=0.95, s_per_token=0.004)
     loaded, _ = plans(WIFI, easy, LOADED_PRICE, LAPTOP_CHEAPER, floor=10.0)
     light, _ = plans(WIFI, easy, LOADED_PRICE / 2, LAPTOP_CHEAPER, floor=10.0)
