@@ -47,10 +47,12 @@ def add_parser(sub) -> None:
                    help="no midpoint between a configuration's last pass and first miss")
     p.add_argument("--every-count", action="store_true",
                    help="measure every --users count, past a configuration's misses too")
-    p.add_argument("--interleave", action="store_true",
+    p.add_argument("--interleave", action=argparse.BooleanOptionalAction,
+                   default=defaults.interleave,
                    help="measure each count for every configuration before the next count (all "
                         "their servers up, one measuring at a time): a drift of the machine's "
-                        "speed then falls on both sides of a comparison alike")
+                        "speed then falls on both sides of a comparison alike (default; "
+                        "--no-interleave sweeps one configuration after another)")
     p.add_argument("--samples", type=Path, default=None, metavar="PATH.jsonl",
                    help="also write every measured request here (python -m bench.capacity.compare "
                         "reads two such files)")

@@ -24,7 +24,10 @@ class CapacityOptions:
     users: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     refine: bool = True            # one midpoint between the last pass and the first miss
     every_count: bool = False      # measure every user count, past misses too (comparisons)
-    interleave: bool = False       # each count for every configuration before the next count
+    interleave: bool = True        # each count for every configuration before the next count:
+                                   # configurations swept one after another met different
+                                   # moments of a shared machine (+-15% a point), and their
+                                   # ratios are what a run is read for
     slo_ttft_s: float = 1.0
     slo_tpot_s: float = 0.1
     extra_tpot_slos: tuple[float, ...] = (0.05,)

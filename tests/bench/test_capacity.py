@@ -135,13 +135,13 @@ def test_the_summary_reads_a_configuration_that_missed_at_its_first_point():
 
 def test_capacity_smoke_sweeps_users_against_a_pinned_verifier(tmp_path):
     """The real command, seconds long: two configurations, 1 and 2 users on lan/laptop, spread
-    over two verifier processes (both on core 0), interleaved (each count for both before the
-    next: the rows come in that order)."""
+    over two verifier processes (both on core 0), interleaved by default (each count for both
+    before the next: the rows come in that order)."""
     out = tmp_path / "capacity.json"
     command = [sys.executable, "-m", "sim.cli", "capacity", "--channel", "lan", "--device", "laptop",
                "--configs", "cloud-only,fixed-k4", "--users", "1,2", "--warmup-s", "1", "--window-s", "3",
                "--drain-s", "20", "--prompts", "2", "--max-tokens", "16", "--no-refine", "--verifiers", "2",
-               "--interleave", "--json", str(out), "--plots", str(tmp_path)]
+               "--json", str(out), "--plots", str(tmp_path)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -247,6 +247,17 @@ def test_a_cell_interleaves_its_configurations_count_by_count():
     rows = sweep_cell([_sweep("a", [1, 2], log), _sweep("b", [1], log)], interleave=False)
     assert rows == [("a", 1), ("a", 2), ("b", 1)]
     assert log == ["a up", "a 1", "a 2", "a down", "b up", "b 1", "b down"]
+
+
+def test_the_command_interleaves_unless_told_not_to():
+    import argparse
+
+    from bench.capacity.cli import add_parser, options_of
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    assert options_of(parser.parse_args(["capacity"])).interleave
+    assert not options_of(parser.parse_args(["capacity", "--no-interleave"])).interleave
 
 
 def test_an_interleaved_cell_that_fails_stops_every_server():
