@@ -24,7 +24,7 @@ import torch
 
 from cloud.errors import ResourceExhausted
 from cloud.runtime.kv import KVState
-from cloud.token_cost import SESSION_HALF_LIFE_TOKENS, TokenCosts
+from cloud.token_cost import SESSION_WINDOW_TOKENS, TokenCosts
 from tandem.qcodec import QCodec
 from tandem.sampling import SamplingParams
 
@@ -53,7 +53,7 @@ class Session:
     q_codec: QCodec | None = None  # the coded q format negotiated at Open; None = plain q only
     # what its committed tokens cost the passes, per mode (cloud/token_cost.py)
     token_costs: TokenCosts = field(
-        default_factory=lambda: TokenCosts(SESSION_HALF_LIFE_TOKENS))
+        default_factory=lambda: TokenCosts(SESSION_WINDOW_TOKENS))
 
     @property
     def mean_accepted(self) -> float:

@@ -46,15 +46,21 @@ figures stay the passes' wall time (serving runs on other cores than the GPU's w
 
 A mode's cost per committed token is the sum of its jobs' shares over the tokens they
 committed (a round: its accepted prefix, the bonus token and any unverified tokens it carried;
-a cloud-run step: 1), kept as moving sums that forget with a half-life in committed tokens:
+a cloud-run step: 1), over the mode's last window of committed tokens (whole bins of them):
 verifier-wide (what every edge reads until its session has its own) and per session (its own
 rounds' passes: a phone's rounds that arrive spread out share few passes and pay more of each
-than rounds that arrive together). A mode not run lately keeps its last figure (both sums
-forget only as the mode's own tokens come in). Prompts (prefills) are in neither: both modes
-pay them alike. The totals never forget (benchmarks read them over a window: Info.batches).
+than rounds that arrive together). A window, not a half-life: a token's cost moves with the
+load (a lone session pays a whole pass, ~8 ms a cloud-run token on this CPU; 32 sessions
+~1 ms), and a half-life of 2000 tokens took ~12000 tokens, 19 s at 32 lte/phone users, to
+forget a quiet hour's cloud figure: speculation read 0.24-0.9x a cloud token's cost all that
+while, phones speculated at a price, and adaptive cost 1.06x cloud-only's CPU a token. A mode
+not run lately keeps its last figure (its window moves only as its own tokens come in).
+Prompts (prefills) are in neither: both modes pay them alike. The totals never forget
+(benchmarks read them over a window: Info.batches).
 """
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from dataclasses import dataclass
@@ -65,9 +71,10 @@ from cloud.batcher import ForwardResult, passes_cpu_ms_here
 
 SPECULATE, CLOUD = "speculate", "cloud"
 MODES = (SPECULATE, CLOUD)
-VERIFIER_HALF_LIFE_TOKENS = 2000.0  # ~2-4 s of a loaded verifier's tokens (64 users, 10-20
-                                    # tok/s each): follows a change of mix within seconds
-SESSION_HALF_LIFE_TOKENS = 64.0     # a session's last few rounds or runs
+VERIFIER_WINDOW_TOKENS = 2000      # ~2-3 s of a loaded verifier's tokens (32-64 users, 10-20
+                                   # tok/s each): follows a change of load or mix within it
+SESSION_WINDOW_TOKENS = 128        # a session's last few rounds or runs
+WINDOW_BINS = 8                    # a window moves a bin (window / WINDOW_BINS tokens) at a time
 MIN_TOKENS = 16.0                   # committed tokens of a mode before its figure is said
 FIT_HALF_LIFE = 2000.0              # passes (~1 min of a loaded verifier): PassFit's memory
 FIT_PRIOR = 20.0                    # passes' worth of the probe's parts PassFit starts from
@@ -200,39 +207,47 @@ def pass_ms(result: ForwardResult, cpu_clock: bool = False) -> float:
     return result.forward_ms + result.verify_ms
 
 
-@dataclass
 class ModeFigure:
-    """A mode's moving sums (forgotten) and totals (kept)."""
-    ms: float = 0.0
-    tokens: float = 0.0
-    total_ms: float = 0.0
-    total_tokens: int = 0
+    """A mode's ms and committed tokens over its last window (bins of bin_tokens, the newest
+    open), and its totals (kept)."""
+
+    def __init__(self, window_tokens: int) -> None:
+        self.bin_tokens = max(window_tokens // WINDOW_BINS, 1)
+        self.bins: collections.deque[list[float]] = collections.deque([[0.0, 0.0]],
+                                                                      maxlen=WINDOW_BINS + 1)
+        self.total_ms = 0.0
+        self.total_tokens = 0
+
+    def add(self, ms: float, tokens: int) -> None:
+        newest = self.bins[-1]
+        newest[0] += ms
+        newest[1] += tokens
+        if newest[1] >= self.bin_tokens:  # closed: the oldest closed bin leaves the window
+            self.bins.append([0.0, 0.0])
+        self.total_ms += ms
+        self.total_tokens += tokens
 
     def per_token(self) -> float | None:
-        return self.ms / self.tokens if self.tokens >= MIN_TOKENS else None
+        ms = sum(b[0] for b in self.bins)
+        tokens = sum(b[1] for b in self.bins)
+        return ms / tokens if tokens >= MIN_TOKENS else None
 
 
 class TokenCosts:
     """Shares of passes and committed tokens in, ms per committed token per mode out;
     thread-safe."""
 
-    def __init__(self, half_life_tokens: float = VERIFIER_HALF_LIFE_TOKENS) -> None:
-        self._keep = 0.5 ** (1.0 / half_life_tokens)
+    def __init__(self, window_tokens: int = VERIFIER_WINDOW_TOKENS) -> None:
         self._lock = threading.Lock()
-        self.modes = {mode: ModeFigure() for mode in MODES}
+        self.modes = {mode: ModeFigure(window_tokens) for mode in MODES}
 
     def observe(self, mode: str, share_ms: float, tokens: int) -> None:
         """A job of `mode` that cost share_ms of its pass and committed `tokens` (0: a
         reply's serving, its tokens counted with its pass)."""
         if tokens < 0 or not share_ms >= 0.0:
             return
-        keep = self._keep ** tokens
         with self._lock:
-            figure = self.modes[mode]
-            figure.ms = keep * figure.ms + share_ms
-            figure.tokens = keep * figure.tokens + tokens
-            figure.total_ms += share_ms
-            figure.total_tokens += tokens
+            self.modes[mode].add(share_ms, tokens)
 
     def per_token_ms(self, mode: str) -> float | None:
         """ms of passes per committed token in `mode`, lately; None before MIN_TOKENS."""
