@@ -52,8 +52,8 @@ rounds' passes: a phone's rounds that arrive spread out share few passes and pay
 than rounds that arrive together). A window, not a half-life: a token's cost moves with the
 load (a lone session pays a whole pass, ~8 ms a cloud-run token on this CPU; 32 sessions
 ~1 ms), and a half-life of 2000 tokens took ~12000 tokens, 19 s at 32 lte/phone users, to
-forget a quiet hour's cloud figure: speculation read 0.24-0.9x a cloud token's cost all that
-while, phones speculated at a price, and adaptive cost 1.06x cloud-only's CPU a token. A mode
+forget a quiet hour's cloud figure: speculation read 0.24-0.95x a cloud token's cost all that
+while, phones speculated at a price, and adaptive cost 1.02-1.06x cloud-only's CPU a token. A mode
 not run lately keeps its last figure (its window moves only as its own tokens come in).
 Prompts (prefills) are in neither: both modes pay them alike. The totals never forget
 (benchmarks read them over a window: Info.batches).
